@@ -219,7 +219,12 @@ impl PageMap {
     }
 
     /// The first run of `want` free pages starting at `from` or later.
+    #[inline]
     fn find_from(&self, from: usize, want: usize) -> Option<usize> {
+        if want == 1 {
+            // Most commands: the first free page is the run.
+            return self.next(from, self.len, false);
+        }
         let mut at = from;
         loop {
             let start = self.next(at, self.len, false)?;
