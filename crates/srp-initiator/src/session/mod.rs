@@ -96,7 +96,6 @@ pub struct Started {
     /// its answer: a wait on its own commands registers nothing.
     owner: std::thread::ThreadId,
     runs: pool::Runs,
-    segs: pool::Segs,
     len: usize,
     reading: bool,
 }
@@ -195,7 +194,6 @@ pub struct Session {
 pub struct Kept {
     inner: Arc<Inner>,
     runs: pool::Runs,
-    segs: pool::Segs,
     len: usize,
 }
 
@@ -214,7 +212,7 @@ impl Kept {
     /// bytes.
     pub fn read(&self, out: &mut [u8]) -> usize {
         let n = self.len.min(out.len());
-        self.inner.copy_out(&self.segs, &mut out[..n]);
+        self.inner.copy_out(&self.runs, &mut out[..n]);
         n
     }
 }
@@ -879,7 +877,6 @@ impl Session {
             tag,
             owner: current_id(),
             runs,
-            segs,
             len,
             reading,
         })
@@ -947,7 +944,6 @@ impl Session {
             tag,
             owner,
             runs,
-            segs,
             len,
             reading,
         } = c;
@@ -979,7 +975,6 @@ impl Session {
             Some(Kept {
                 inner: inner.clone(),
                 runs,
-                segs,
                 len: got,
             })
         } else {
@@ -997,7 +992,7 @@ impl Session {
                         &mut out
                     }
                 };
-                inner.copy_out(&segs, dst);
+                inner.copy_out(&runs, dst);
                 st = inner.lock();
             }
             inner.give_back(&mut st, &runs);

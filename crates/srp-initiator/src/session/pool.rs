@@ -61,17 +61,17 @@ impl Inner {
         Some(runs)
     }
 
-    /// Copies the pool's bytes that `segs` describe, in order, into
-    /// `dst` until it is full.
-    pub(super) fn copy_out(&self, segs: &[DirectBuf], dst: &mut [u8]) {
+    /// Copies a command's data out of its pool pages, `runs` in order
+    /// (as [`Inner::segments`] lays the data out), into `dst` until it is
+    /// full. A command keeps its runs, not its segments: less to move.
+    pub(super) fn copy_out(&self, runs: &[(usize, usize)], dst: &mut [u8]) {
         let mut at = 0;
-        for s in segs {
+        for &(start, pages) in runs {
             if at >= dst.len() {
                 break;
             }
-            let n = (s.len as usize).min(dst.len() - at);
-            self.pool
-                .read_at((s.va - self.pool.addr()) as usize, &mut dst[at..at + n]);
+            let n = (pages * self.page).min(dst.len() - at);
+            self.pool.read_at(start * self.page, &mut dst[at..at + n]);
             at += n;
         }
     }
