@@ -546,11 +546,12 @@ impl Channel {
         if n == 0 {
             return Err(SubmitError::EmptyData);
         }
-        let total: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
-        let total_len = u32::try_from(total).map_err(|_| SubmitError::DataTooLong(total))?;
         if n == 1 {
+            // Its length is a u32: no total to check.
             return Ok(DataDesc::Direct(segs[0]));
         }
+        let total: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
+        let total_len = u32::try_from(total).map_err(|_| SubmitError::DataTooLong(total))?;
         if !neg.buf_fmt.contains(BufFormats::INDIRECT) {
             return Err(SubmitError::IndirectUnsupported);
         }
