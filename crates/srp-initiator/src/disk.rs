@@ -912,14 +912,6 @@ struct Resend {
 }
 
 impl<'a> DiskQueue<'a> {
-    /// [`Self::check_slot`], and the slot's kept read data (of its last
-    /// command) goes: the slot starts again.
-    fn claim(&mut self, slot: usize) -> io::Result<()> {
-        self.check_slot(slot)?;
-        self.kept[slot] = None;
-        Ok(())
-    }
-
     fn check_slot(&self, slot: usize) -> io::Result<()> {
         if self.slots.get(slot).is_none_or(|s| s.is_some())
             || (!self.ready.is_empty() && self.ready.iter().any(|(s, _)| *s == slot))
@@ -932,21 +924,27 @@ impl<'a> DiskQueue<'a> {
         Ok(())
     }
 
-    /// A place in the queue limits: while this queue holds some, end one
-    /// of its own commands rather than wait for itself.
-    fn take_places(&mut self) -> Places<'a> {
+    /// A place in the queue limits for `slot`'s command: while this
+    /// queue holds some, end one of its own commands rather than wait for
+    /// itself. The slot's kept read data goes before this waits for other
+    /// threads.
+    fn take_places(&mut self, slot: usize) -> Places<'a> {
         let disk: &'a Disk = self.disk;
         loop {
             if let Some(p) = disk.try_places() {
                 return p;
             }
             if !self.finish_early() {
+                self.kept[slot] = None;
                 return disk.places();
             }
         }
     }
 
-    /// Sends `cdb` with `xfer` for `op` in `slot`.
+    /// Sends `cdb` with `xfer` for `op` in `slot`. The slot's kept read
+    /// data (of its last command) goes as it starts again: its pages are
+    /// given back under the start's hold of the session lock. The ways of
+    /// starting a slot that do not come here drop it themselves.
     fn send(
         &mut self,
         slot: usize,
@@ -955,12 +953,18 @@ impl<'a> DiskQueue<'a> {
         op: Op,
         len: usize,
     ) -> io::Result<()> {
-        let places = self.take_places();
+        let places = self.take_places(slot);
         // Sent with the others started before this queue next waits.
-        let started = self
-            .session
-            .start_batched(self.disk.lun, cdb, xfer, srp::wire::TaskAttr::Simple)
-            .map_err(|e| io_err(op.name(), e))?;
+        let started = self.session.start_batched_after(
+            self.kept[slot].as_mut(),
+            self.disk.lun,
+            cdb,
+            xfer,
+            srp::wire::TaskAttr::Simple,
+        );
+        // Left with no pages (or none to begin with).
+        self.kept[slot] = None;
+        let started = started.map_err(|e| io_err(op.name(), e))?;
         let mut c = [0u8; 16];
         c[..cdb.len()].copy_from_slice(cdb);
         self.slots[slot] = Some(Queued {
@@ -976,7 +980,7 @@ impl<'a> DiskQueue<'a> {
 
     /// SYNCHRONIZE CACHE(10) over the whole LU, started.
     fn start_flush(&mut self, slot: usize) -> io::Result<()> {
-        self.claim(slot)?;
+        self.check_slot(slot)?;
         let cdb = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
         self.send(slot, &cdb, &Xfer::None, Op::Flush, 0)
     }
@@ -984,17 +988,19 @@ impl<'a> DiskQueue<'a> {
     /// UNMAP of one descriptor, started; a range one descriptor cannot
     /// hold goes the synchronous way ([`Disk::unmap`]).
     fn start_unmap(&mut self, slot: usize, lba: u64, blocks: u64) -> io::Result<()> {
-        self.claim(slot)?;
+        self.check_slot(slot)?;
         if lba
             .checked_add(blocks)
             .is_none_or(|end| end > self.disk.blocks())
         {
+            self.kept[slot] = None;
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "UNMAP beyond the end",
             ));
         }
         if blocks == 0 || blocks > u64::from(u32::MAX >> 1) {
+            self.kept[slot] = None;
             while self.finish_early() {}
             let r = self.disk.unmap(lba, blocks);
             self.ready.push_back((slot, Ended::Done(r, None)));
@@ -1015,11 +1021,18 @@ impl<'a> DiskQueue<'a> {
         data: Option<&[u8]>,
         in_place: bool,
     ) -> io::Result<()> {
-        self.claim(slot)?;
-        let blocks = self.disk.check_range(lba, len)?;
+        self.check_slot(slot)?;
+        let blocks = match self.disk.check_range(lba, len) {
+            Ok(b) => b,
+            Err(e) => {
+                self.kept[slot] = None;
+                return Err(e);
+            }
+        };
         if len > self.disk.max_transfer {
             // Larger than one command: the plain path splits it (and
             // waits for places this queue may hold: give them back first).
+            self.kept[slot] = None;
             while self.finish_early() {}
             let r = match data {
                 Some(d) => self.disk.write(lba, d),

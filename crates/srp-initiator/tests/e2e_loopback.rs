@@ -395,6 +395,62 @@ fn a_read_kept_in_the_pool_reads_as_a_copied_one_and_gives_its_pages_back() {
     assert!(!r.good() && kept.is_none(), "{r:?}");
 }
 
+/// A start that replaces a kept read (`start_batched_after`) gives the
+/// kept pages back before it takes its own: a pool of 1 MiB holds four
+/// kept 256 KiB reads, and each later read replacing the oldest of them
+/// never waits for pages. The replaced `Kept` is left empty.
+#[test]
+fn a_start_after_a_kept_read_takes_the_pages_it_gives_back() {
+    let s = setup(8 << 20);
+    let mut cfg = SessionConfig::new(s.chan.clone());
+    cfg.pool_bytes = 1 << 20;
+    let sess = session(&s, cfg);
+    let lun = srp::wire::Lun::from_u64(0);
+    let data: Vec<u8> = (0..256 << 10)
+        .map(|i: u32| (i * 13 + i / 4096) as u8)
+        .collect();
+    let ready = (0..3).any(|_| sess.execute(lun, &[0; 6], Xfer::None).unwrap().good());
+    assert!(ready, "the LU never got ready");
+    let r = sess
+        .execute(lun, &write10(64, 512), Xfer::Out(&data))
+        .unwrap();
+    assert!(r.good(), "{r:?}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (sess2, data2) = (sess.clone(), data.clone());
+    std::thread::spawn(move || {
+        let (sess, data) = (sess2, data2);
+        let mut kept: Vec<Option<srp_initiator::session::Kept>> = (0..4).map(|_| None).collect();
+        for round in 0..24 {
+            let old = &mut kept[round % 4];
+            let started = sess
+                .start_batched_after(
+                    old.as_mut(),
+                    lun,
+                    &read10(64, 512),
+                    &Xfer::In(256 << 10),
+                    TaskAttr::Simple,
+                )
+                .unwrap();
+            if let Some(k) = old {
+                assert!(
+                    k.is_empty(),
+                    "round {round}: the replaced read kept its data"
+                );
+            }
+            let (r, k) = sess.finish_kept(started);
+            assert!(r.good(), "{r:?}");
+            let k = k.expect("a GOOD read keeps its data");
+            let mut out = vec![0u8; 256 << 10];
+            assert_eq!(k.read(&mut out), 256 << 10);
+            assert!(out == data, "round {round}: kept data differs");
+            *old = Some(k);
+        }
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(30))
+        .expect("24 reads replacing kept ones within 30 s: no start waits for pages");
+}
+
 /// Over soft RoCE, whose NIC the waiting caller drives, a thread that
 /// starts commands batched sends them 16 at a time, not all when it next
 /// waits: the target starts on the first half while the thread builds the

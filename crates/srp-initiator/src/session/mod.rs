@@ -65,6 +65,17 @@ use pool::*;
 use verbs::spin::Spin;
 pub use watch::*;
 
+/// How [`Session::start_marked`] sends a command.
+#[derive(Default)]
+struct StartHow<'k> {
+    /// A retry after an abort or reset ([`Session::execute_retry`]).
+    retry: bool,
+    /// Held back for this thread's batch ([`Session::start_batched`]).
+    batch: bool,
+    /// Pages to give back first ([`Session::start_batched_after`]).
+    replacing: Option<&'k mut Kept>,
+}
+
 /// The outcome of one SCSI command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CmdResult {
@@ -219,6 +230,10 @@ impl Kept {
 
 impl Drop for Kept {
     fn drop(&mut self) {
+        if self.runs.is_empty() {
+            // No pages, or given back already (`Session::start_batched_after`).
+            return;
+        }
         let mut st = self.inner.lock();
         self.inner.give_back(&mut st, &self.runs);
     }
@@ -648,7 +663,11 @@ impl Session {
         attr: TaskAttr,
         retry: bool,
     ) -> Result<CmdResult, SessionError> {
-        let c = self.start_marked(lun, cdb, &xfer, attr, retry, false)?;
+        let how = StartHow {
+            retry,
+            ..StartHow::default()
+        };
+        let c = self.start_marked(lun, cdb, &xfer, attr, how)?;
         Ok(self.finish(c, xfer))
     }
 
@@ -664,7 +683,7 @@ impl Session {
         xfer: &Xfer<'_>,
         attr: TaskAttr,
     ) -> Result<Started, SessionError> {
-        self.start_marked(lun, cdb, xfer, attr, false, false)
+        self.start_marked(lun, cdb, xfer, attr, StartHow::default())
     }
 
     /// [`Session::start`], for a caller that starts several commands and
@@ -681,7 +700,33 @@ impl Session {
         xfer: &Xfer<'_>,
         attr: TaskAttr,
     ) -> Result<Started, SessionError> {
-        self.start_marked(lun, cdb, xfer, attr, false, true)
+        let how = StartHow {
+            batch: true,
+            ..StartHow::default()
+        };
+        self.start_marked(lun, cdb, xfer, attr, how)
+    }
+
+    /// [`Session::start_batched`] that first gives back the pages of
+    /// `kept` (a read's data the caller is done with) under the same hold
+    /// of the session lock: a queue starting a slot again takes the lock
+    /// once, not once to drop the slot's last data and once to start.
+    /// `kept` is left empty (no pages, no bytes), whatever the start's
+    /// outcome; a `Kept` of another session is left as it is.
+    pub fn start_batched_after(
+        &self,
+        kept: Option<&mut Kept>,
+        lun: Lun,
+        cdb: &[u8],
+        xfer: &Xfer<'_>,
+        attr: TaskAttr,
+    ) -> Result<Started, SessionError> {
+        let how = StartHow {
+            batch: true,
+            replacing: kept.filter(|k| Arc::ptr_eq(&k.inner, &self.inner)),
+            ..StartHow::default()
+        };
+        self.start_marked(lun, cdb, xfer, attr, how)
     }
 
     fn start_marked(
@@ -690,9 +735,13 @@ impl Session {
         cdb: &[u8],
         xfer: &Xfer<'_>,
         attr: TaskAttr,
-        retry: bool,
-        batch: bool,
+        how: StartHow<'_>,
     ) -> Result<Started, SessionError> {
+        let StartHow {
+            retry,
+            batch,
+            replacing,
+        } = how;
         let inner = &self.inner;
         let (len, reading) = match xfer {
             Xfer::None => (0, false),
@@ -700,10 +749,16 @@ impl Session {
             Xfer::InTo(b) => (b.len(), true),
             Xfer::Out(d) => (d.len(), false),
         };
+        let mut st = inner.lock();
+        if let Some(k) = replacing {
+            // First: they may be the pages this command waits for.
+            inner.give_back(&mut st, &k.runs);
+            k.runs.clear();
+            k.len = 0;
+        }
         if len > inner.pool.len() {
             return Err(SessionError::TooLarge(len, inner.pool.len()));
         }
-        let mut st = inner.lock();
         if batch && st.batching != Some(current_id()) {
             st.batching = Some(current_id());
             st.batch_now = None;
