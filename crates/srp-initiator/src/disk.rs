@@ -13,7 +13,7 @@
 //! again (and refuses a LUN that became another LU).
 
 use crate::changes::Change;
-use crate::session::{CmdResult, Session, SessionError, Xfer};
+use crate::session::{Answer, CmdResult, Session, SessionError, Xfer};
 use scsi::SenseKey;
 use srp::initiator::Status;
 use srp::wire::Lun;
@@ -1054,25 +1054,27 @@ impl<'a> DiskQueue<'a> {
         self.send(slot, &cdb, &xfer, op, len)
     }
 
-    /// Waits until one of this queue's commands has its answer; its slot,
-    /// or `None` when none is in flight.
-    fn wait_any(&mut self) -> Option<usize> {
+    /// Waits until one of this queue's commands has its answer; its slot
+    /// and the answer, taken, or `None` when none is in flight.
+    fn wait_any(&mut self) -> Option<(usize, Answer)> {
         let n = self.slots.len();
         let turn = self.turn.min(n);
         let slots = &self.slots;
         // Slots turn..n, then 0..turn (a `chain` of the two cost more).
-        let slot = self.session.wait_any_of((turn..turn + n).filter_map(|i| {
-            let i = if i >= n { i - n } else { i };
-            slots[i].as_ref().map(|q| (i, &q.started))
-        }))?;
+        let (slot, answer) = self
+            .session
+            .wait_any_answer((turn..turn + n).filter_map(|i| {
+                let i = if i >= n { i - n } else { i };
+                slots[i].as_ref().map(|q| (i, &q.started))
+            }))?;
         self.turn = slot + 1;
-        Some(slot)
+        Some((slot, answer))
     }
 
     /// Waits for one of this queue's commands and keeps its outcome (and
     /// a read's data) for `complete_one`; false when none is in flight.
     fn finish_early(&mut self) -> bool {
-        let Some(slot) = self.wait_any() else {
+        let Some((slot, answer)) = self.wait_any() else {
             return false;
         };
         let Some(q) = self.slots[slot].take() else {
@@ -1080,7 +1082,7 @@ impl<'a> DiskQueue<'a> {
         };
         let mut data = matches!(q.op, Op::Read { .. }).then(|| vec![0u8; q.len]);
         let mut kept = None;
-        let ended = match self.finish(q, data.as_deref_mut(), &mut kept) {
+        let ended = match self.finish(q, answer, data.as_deref_mut(), &mut kept) {
             // Kept in the pool: no data to copy at completion.
             Ok(r) if kept.is_some() => Ended::Done(r, None),
             Ok(r) => Ended::Done(r, data),
@@ -1091,14 +1093,15 @@ impl<'a> DiskQueue<'a> {
         true
     }
 
-    /// Ends command `q` with `buf`, its slot's buffer when at hand: a read
-    /// lands there, a write to retry is sent again from there. A write to
-    /// retry without it comes back as `Err`, for [`Self::resend`]. A read
-    /// in place that succeeded leaves its data in the pool, in `kept`
-    /// (retried, it lands in `buf` after all).
+    /// Ends command `q`, whose answer is `answer`, with `buf`, its slot's
+    /// buffer when at hand: a read lands there, a write to retry is sent
+    /// again from there. A write to retry without it comes back as `Err`,
+    /// for [`Self::resend`]. A read in place that succeeded leaves its
+    /// data in the pool, in `kept` (retried, it lands in `buf` after all).
     fn finish(
         &self,
         q: Queued<'_>,
+        answer: Answer,
         buf: Option<&mut [u8]>,
         kept: &mut Option<crate::session::Kept>,
     ) -> Result<io::Result<()>, Resend> {
@@ -1114,11 +1117,13 @@ impl<'a> DiskQueue<'a> {
         };
         let r = match q.op {
             Op::Read { in_place: true } => {
-                let (r, k) = self.session.finish_kept(q.started);
+                let (r, k) = self.session.finish_kept_answered(q.started, answer);
                 *kept = k;
                 r
             }
-            _ => self.session.finish(q.started, xfer.reborrow()),
+            _ => self
+                .session
+                .finish_answered(q.started, answer, xfer.reborrow()),
         };
         if let (Op::Unmap(_), false) = (&q.op, r.good()) {
             // No thin provisioning: ILLEGAL REQUEST, as Disk::unmap says.
@@ -1234,11 +1239,11 @@ impl blockload::IoQueue for DiskQueue<'_> {
             };
             return Some((slot, r));
         }
-        let slot = self.wait_any()?;
+        let (slot, answer) = self.wait_any()?;
         let q = self.slots[slot].take()?;
         let buf = bufs.get_mut(slot).map(Vec::as_mut_slice);
         let mut kept = None;
-        let r = self.finish(q, buf, &mut kept);
+        let r = self.finish(q, answer, buf, &mut kept);
         self.kept[slot] = kept;
         let r = match r {
             Ok(r) => r,

@@ -451,6 +451,45 @@ fn a_start_after_a_kept_read_takes_the_pages_it_gives_back() {
         .expect("24 reads replacing kept ones within 30 s: no start waits for pages");
 }
 
+/// `wait_any_answer` takes the answer it finds for the command's finish;
+/// an answer handed to another command's finish goes back, and both
+/// commands end with their own data.
+#[test]
+fn an_answer_taken_by_the_wait_finishes_its_command_and_no_other() {
+    let s = setup(8 << 20);
+    let sess = session(&s, SessionConfig::new(s.chan.clone()));
+    let lun = srp::wire::Lun::from_u64(0);
+    let ready = (0..3).any(|_| sess.execute(lun, &[0; 6], Xfer::None).unwrap().good());
+    assert!(ready, "the LU never got ready");
+    let (a, b) = (vec![0xa1u8; 4096], vec![0xb2u8; 4096]);
+    for (lba, d) in [(8, &a), (16, &b)] {
+        let r = sess.execute(lun, &write10(lba, 8), Xfer::Out(d)).unwrap();
+        assert!(r.good(), "{r:?}");
+    }
+    let start = |lba| {
+        sess.start(lun, &read10(lba, 8), &Xfer::In(4096), TaskAttr::Simple)
+            .unwrap()
+    };
+    let (sa, sb) = (start(8), start(16));
+    let (k, answer) = sess
+        .wait_any_answer([(0, &sa)].into_iter())
+        .expect("a command to wait for");
+    assert_eq!(k, 0);
+    // A's answer given with B: it goes back, and B's own is waited for.
+    let rb = sess.finish_answered(sb, answer, Xfer::In(4096));
+    assert!(rb.good() && rb.data == b, "{rb:?}");
+    let ra = sess.finish(sa, Xfer::In(4096));
+    assert!(ra.good() && ra.data == a, "{ra:?}");
+    // The common way: the answer to the command it was taken for.
+    let sa = start(8);
+    let (_, answer) = sess.wait_any_answer([(0, &sa)].into_iter()).unwrap();
+    let (r, kept) = sess.finish_kept_answered(sa, answer);
+    let mut out = vec![0u8; 4096];
+    assert!(r.good());
+    assert_eq!(kept.expect("kept").read(&mut out), 4096);
+    assert!(out == a);
+}
+
 /// Over soft RoCE, whose NIC the waiting caller drives, a thread that
 /// starts commands batched sends them 16 at a time, not all when it next
 /// waits: the target starts on the first half while the thread builds the

@@ -121,17 +121,39 @@ fn current_id() -> std::thread::ThreadId {
     ID.with(|id| *id)
 }
 
-/// The key of the first of `cmds` that has its answer in `done`.
+/// The key and tag of the first of `cmds` that has its answer in `done`.
 fn first_done<'a, K>(
     done: &rdma_types::IdRing<u64, Completion>,
     mut cmds: impl Iterator<Item = (K, &'a Started)>,
-) -> Option<K> {
+) -> Option<(K, Tag)> {
     if done.is_empty() {
         return None;
     }
     // A look at one slot of the ring per command.
     cmds.find(|(_, c)| done.contains_key(&c.tag.0))
-        .map(|(k, _)| k)
+        .map(|(k, c)| (k, c.tag))
+}
+
+/// The answer to command `tag`, taken from `st.done` with what else the
+/// session kept for it until then.
+fn take_answer(st: &mut State, tag: Tag) -> Option<Completion> {
+    let c = st.done.remove(&tag.0)?;
+    st.parked.remove(&tag.0);
+    // Mostly empty: not even looked into then.
+    rdma_types::remove_if_any(&mut st.tables, &tag);
+    rdma_types::remove_if_any(&mut st.retried, &tag);
+    Some(c)
+}
+
+/// A command's answer taken by [`Session::wait_any_answer`], for
+/// [`Session::finish_answered`] or [`Session::finish_kept_answered`] of
+/// that command. Dropped, the answer is lost and the command's finish
+/// would wait for it for ever.
+#[derive(Debug)]
+#[must_use = "an answer taken is the command's: finish the command with it"]
+pub struct Answer {
+    tag: Tag,
+    completion: Completion,
 }
 
 /// Most descriptors one external table holds (ib_srp's largest
@@ -957,7 +979,7 @@ impl Session {
         cmds.clone().next()?;
         let mut registered = false;
         let (_st, found) = inner.wait_answer(inner.lock(), |st| {
-            if let Some(k) = first_done(&st.done, cmds.clone()) {
+            if let Some((k, _)) = first_done(&st.done, cmds.clone()) {
                 return Some(k);
             }
             // Once, and only for commands another thread started (their
@@ -976,11 +998,55 @@ impl Session {
         Some(found)
     }
 
+    /// [`Session::wait_any_of`] that takes the answer it found, under
+    /// the same hold of the session lock, for the command's finish
+    /// ([`Session::finish_answered`], [`Session::finish_kept_answered`]):
+    /// a queue finishing what it waited for takes the lock once for both,
+    /// or not at all for a read kept in place.
+    pub fn wait_any_answer<'a, K, I>(&self, cmds: I) -> Option<(K, Answer)>
+    where
+        I: Iterator<Item = (K, &'a Started)> + Clone,
+    {
+        let inner = &self.inner;
+        cmds.clone().next()?;
+        let mut registered = false;
+        let (_st, found) = inner.wait_answer(inner.lock(), |st| {
+            if let Some((k, tag)) = first_done(&st.done, cmds.clone()) {
+                let completion = take_answer(st, tag)?;
+                return Some((k, Answer { tag, completion }));
+            }
+            // As in `wait_any_of`.
+            if !registered {
+                let me = std::thread::current();
+                for (_, c) in cmds.clone().filter(|(_, c)| c.owner != me.id()) {
+                    st.parked.insert(c.tag.0, me.clone());
+                }
+                registered = true;
+            }
+            None
+        });
+        Some(found)
+    }
+
     /// Waits for `c`'s answer (at once after [`Session::wait_any`] chose
     /// it), copies read data into `xfer`'s buffer (`Xfer::InTo`) or into
     /// [`CmdResult::data`] (`Xfer::In`), and gives its pages back.
     pub fn finish(&self, c: Started, xfer: Xfer<'_>) -> CmdResult {
-        self.finish_inner(c, xfer, false).0
+        self.finish_inner(c, xfer, false, None).0
+    }
+
+    /// [`Session::finish`] with the answer [`Session::wait_any_answer`]
+    /// took for `c` (an answer to another command is put back, and `c`'s
+    /// own waited for).
+    pub fn finish_answered(&self, c: Started, answer: Answer, xfer: Xfer<'_>) -> CmdResult {
+        self.finish_inner(c, xfer, false, Some(answer)).0
+    }
+
+    /// [`Session::finish_kept`] with the answer
+    /// [`Session::wait_any_answer`] took for `c`, as
+    /// [`Session::finish_answered`].
+    pub fn finish_kept_answered(&self, c: Started, answer: Answer) -> (CmdResult, Option<Kept>) {
+        self.finish_inner(c, Xfer::None, true, Some(answer))
     }
 
     /// [`Session::finish`] that leaves a read's data where the target
@@ -990,10 +1056,16 @@ impl Session {
     /// stays empty; `None` when there is no data to keep (not a read, or
     /// not GOOD).
     pub fn finish_kept(&self, c: Started) -> (CmdResult, Option<Kept>) {
-        self.finish_inner(c, Xfer::None, true)
+        self.finish_inner(c, Xfer::None, true, None)
     }
 
-    fn finish_inner(&self, c: Started, xfer: Xfer<'_>, keep: bool) -> (CmdResult, Option<Kept>) {
+    fn finish_inner(
+        &self,
+        c: Started,
+        xfer: Xfer<'_>,
+        keep: bool,
+        answer: Option<Answer>,
+    ) -> (CmdResult, Option<Kept>) {
         let inner = &self.inner;
         let Started {
             tag,
@@ -1002,22 +1074,30 @@ impl Session {
             len,
             reading,
         } = c;
-        // Until this tag's answer is in: reaped by this thread, or by
-        // another that wakes it (one wake-up per command, not one per
-        // completion for every caller).
-        let (mut st, completion) = inner.wait_answer(inner.lock(), |st| {
-            if let Some(c) = st.done.remove(&tag.0) {
-                st.parked.remove(&tag.0);
-                // Mostly empty: not even looked into then.
-                rdma_types::remove_if_any(&mut st.tables, &tag);
-                rdma_types::remove_if_any(&mut st.retried, &tag);
-                return Some(c);
+        let (st, completion) = match answer {
+            // Taken already: the lock only if the pages go back now.
+            Some(a) if a.tag == tag => (None, a.completion),
+            other => {
+                let mut st = inner.lock();
+                if let Some(a) = other {
+                    // Another command's: back where its finish looks.
+                    st.done.insert(a.tag.0, a.completion);
+                }
+                // Until this tag's answer is in: reaped by this thread, or
+                // by another that wakes it (one wake-up per command, not
+                // one per completion for every caller).
+                let (st, c) = inner.wait_answer(st, |st| {
+                    if let Some(c) = take_answer(st, tag) {
+                        return Some(c);
+                    }
+                    if owner != current_id() {
+                        st.parked.insert(tag.0, std::thread::current());
+                    }
+                    None
+                });
+                (Some(st), c)
             }
-            if owner != current_id() {
-                st.parked.insert(tag.0, std::thread::current());
-            }
-            None
-        });
+        };
         let mut out = Vec::new();
         let good = completion.status == Status::Scsi(scsi::Status::Good.code());
         let got = match completion.data_in_residual {
@@ -1033,7 +1113,7 @@ impl Session {
                 len: got,
             })
         } else {
-            if reading && good {
+            let st = if reading && good {
                 // The pages stay ours until given back below: copy without
                 // the lock.
                 drop(st);
@@ -1048,8 +1128,11 @@ impl Session {
                     }
                 };
                 inner.copy_out(&runs, dst);
-                st = inner.lock();
-            }
+                None
+            } else {
+                st
+            };
+            let mut st = st.unwrap_or_else(|| inner.lock());
             inner.give_back(&mut st, &runs);
             None
         };
