@@ -781,8 +781,9 @@ impl Session {
         if len > inner.pool.len() {
             return Err(SessionError::TooLarge(len, inner.pool.len()));
         }
-        if batch && st.batching != Some(current_id()) {
-            st.batching = Some(current_id());
+        let me = current_id();
+        if batch && st.batching != Some(me) {
+            st.batching = Some(me);
             st.batch_now = None;
         }
         // Wait for pool pages (other commands may hold them).
@@ -893,7 +894,7 @@ impl Session {
         }
         // Queue full or no credit: wait for a completion and try again.
         let tag = loop {
-            let now = if batch && st.batching == Some(current_id()) {
+            let now = if batch && st.batching == Some(me) {
                 *st.batch_now.get_or_insert_with(|| inner.now())
             } else {
                 inner.now()
@@ -952,7 +953,7 @@ impl Session {
         inner.kick_if_timer_earlier(&st, tag);
         Ok(Started {
             tag,
-            owner: current_id(),
+            owner: me,
             runs,
             len,
             reading,

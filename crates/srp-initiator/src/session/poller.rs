@@ -145,11 +145,16 @@ impl Inner {
                     st.quiet_since = now;
                     let len = (wc.byte_len).min(self.recv_size) as usize;
                     // Read into a buffer kept for it: no allocation per IU.
+                    // Whole 8-byte words as far as the slot has them (an
+                    // SRP_RSP is 36 bytes): MemBuf copies those with no
+                    // partial-word step; the bytes past the IU are not
+                    // looked at.
+                    let whole = len.next_multiple_of(8).min(self.recv_size as usize);
                     let mut iu = std::mem::take(&mut st.iu_buf);
-                    iu.resize(len, 0);
+                    iu.resize(whole, 0);
                     self.recv_buf
                         .read_at((i * self.recv_size) as usize, &mut iu);
-                    st.channel.handle_recv(now, &iu);
+                    st.channel.handle_recv(now, &iu[..len]);
                     st.iu_buf = iu;
                     st.reposts
                         .push(recv_wr(&self.recv_buf, &self.recv_mr, self.recv_size, i));
