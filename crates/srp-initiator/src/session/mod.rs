@@ -950,7 +950,7 @@ impl Session {
             _ => None,
         };
         inner.flush_outputs_here(&mut st, data);
-        inner.kick_if_timer_earlier(&st, tag);
+        inner.kick_if_timer_earlier(&mut st, tag);
         Ok(Started {
             tag,
             owner: me,

@@ -407,18 +407,25 @@ impl Inner {
     /// Wakes the poll thread when it sleeps past a timer that command
     /// `tag`, just started, may have brought forward (a command sent to an
     /// idle channel arms its timeout).
-    pub(super) fn kick_if_timer_earlier(&self, st: &State, tag: Tag) {
+    pub(super) fn kick_if_timer_earlier(&self, st: &mut State, tag: Tag) {
+        let Some(sleep) = st.timer_sleep else {
+            // At work, or kicked already: it looks at every timer before
+            // it sleeps again.
+            return;
+        };
         // What the command may have moved: its own deadline, and the probe
         // (the first command after a quiet spell); the task management
         // function's as ever. The other commands' deadlines stand where
         // the poll thread saw them, or each kicked it when it started.
         let next = earliest(st.channel.poll_timeout_with(tag), self.probe_due(st));
-        let kick = match st.timer_sleep {
-            None => false,
-            Some(None) => next.is_some(),
-            Some(Some(at)) => next.is_some_and(|n| n < at),
+        let kick = match sleep {
+            None => next.is_some(),
+            Some(at) => next.is_some_and(|n| n < at),
         };
         if kick {
+            // One kick until it sleeps again (the commands started before
+            // it wakes need none of their own).
+            st.timer_sleep = None;
             let _ = self.events.lock().map(|tx| tx.send(Ev::Kick));
         }
     }
