@@ -264,11 +264,13 @@ impl Channel {
 
     /// Commands holding a context (answered commands whose send has not
     /// completed included).
+    #[inline]
     pub fn outstanding(&self) -> usize {
         self.live as usize
     }
 
     /// Bytes of data-out that fit as immediate data, when negotiated.
+    #[inline]
     pub fn immediate_capacity(&self) -> Option<u32> {
         let neg = self.neg.as_ref()?;
         let off = neg.imm_data_offset?;
@@ -1047,16 +1049,19 @@ impl Channel {
     }
 
     /// The next thing the driver must do, in order.
+    #[inline]
     pub fn poll_output(&mut self) -> Option<Output> {
         self.outputs.pop_front()
     }
 
     /// The next finished command, in the order results arrived.
+    #[inline]
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.completions.pop_front()
     }
 
     /// The next event.
+    #[inline]
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
