@@ -975,28 +975,7 @@ impl Session {
     where
         I: Iterator<Item = (K, &'a Started)> + Clone,
     {
-        let inner = &self.inner;
-        // No command: nothing to wait for.
-        cmds.clone().next()?;
-        let mut registered = false;
-        let (_st, found) = inner.wait_answer(inner.lock(), |st| {
-            if let Some((k, _)) = first_done(&st.done, cmds.clone()) {
-                return Some(k);
-            }
-            // Once, and only for commands another thread started (their
-            // starter is registered): whoever handles a tag's answer takes
-            // its entry, which ends the wait. An entry left behind costs
-            // at most a spurious wake-up.
-            if !registered {
-                let me = std::thread::current();
-                for (_, c) in cmds.clone().filter(|(_, c)| c.owner != me.id()) {
-                    st.parked.insert(c.tag.0, me.clone());
-                }
-                registered = true;
-            }
-            None
-        });
-        Some(found)
+        self.wait_first(cmds, |_, _| Some(())).map(|(k, ())| k)
     }
 
     /// [`Session::wait_any_of`] that takes the answer it found, under
@@ -1008,15 +987,33 @@ impl Session {
     where
         I: Iterator<Item = (K, &'a Started)> + Clone,
     {
+        self.wait_first(cmds, |st, tag| {
+            take_answer(st, tag).map(|completion| Answer { tag, completion })
+        })
+    }
+
+    /// Waits until one of `cmds` has its answer; its key and what `take`
+    /// makes of it under the lock. `None` when `cmds` is empty.
+    fn wait_first<'a, K, I, T>(
+        &self,
+        cmds: I,
+        mut take: impl FnMut(&mut State, Tag) -> Option<T>,
+    ) -> Option<(K, T)>
+    where
+        I: Iterator<Item = (K, &'a Started)> + Clone,
+    {
         let inner = &self.inner;
+        // No command: nothing to wait for.
         cmds.clone().next()?;
         let mut registered = false;
         let (_st, found) = inner.wait_answer(inner.lock(), |st| {
             if let Some((k, tag)) = first_done(&st.done, cmds.clone()) {
-                let completion = take_answer(st, tag)?;
-                return Some((k, Answer { tag, completion }));
+                return take(st, tag).map(|t| (k, t));
             }
-            // As in `wait_any_of`.
+            // Once, and only for commands another thread started (their
+            // starter is registered): whoever handles a tag's answer takes
+            // its entry, which ends the wait. An entry left behind costs
+            // at most a spurious wake-up.
             if !registered {
                 let me = std::thread::current();
                 for (_, c) in cmds.clone().filter(|(_, c)| c.owner != me.id()) {
