@@ -37,46 +37,47 @@ pub fn cdb_execute(data: &[u8]) {
         let back = TransportId::from_initiator_name(&name);
         assert!(back.is_some_and(|b| b.initiator_name() == name), "{name}");
     }
-    let cfg = DeviceConfig {
-        thin: true,
-        protection,
-        ..Default::default()
+    let Some(t) = fuzz_target(protection) else {
+        return;
     };
-    let store = match protection {
-        Some(_) => Ram::with_pi(64 * 512, 512),
-        None => Ram::new(64 * 512),
-    };
-    let dev = match Device::new(cfg, Arc::new(store)) {
-        Ok(d) => Arc::new(d),
-        Err(_) => return,
-    };
-    let t = Target::new();
     let Ok(lun) = Lun::new(0) else {
         return;
     };
-    t.add_lun(None, lun, dev);
-    // "p" is relative port 1, "s" 2; group 2 also holds a remote port.
-    let _ = t.set_relative_port_id("p", 1);
-    let _ = t.set_relative_port_id("s", 2);
-    let group = |id, state, ports: &[u16]| PortGroup {
-        id,
-        state,
-        preferred: false,
-        ports: ports.to_vec(),
-        status: Default::default(),
-    };
-    t.set_alua(Alua {
-        groups: vec![
-            group(1, AccessState::ActiveOptimized, &[1]),
-            group(2, AccessState::Standby, &[2, 7]),
-        ],
-        explicit: true,
-        transition_secs: 0,
-    });
     let expected = out.len().max(512) as u64;
     let nexus = Nexus::new("fuzz", "p");
+    // The same command, twice, through a route on a target of its own
+    // (the first makes the route, the second takes it as it stands):
+    // answered and stored as without one.
+    let routed = fuzz_target(protection).map(|t2| {
+        t2.execute(&nexus, lun, &[0; 6], &[], 0);
+        let mut route = Route::default();
+        let mut once = || {
+            t2.route(&nexus, lun, &mut route);
+            t2.submit_routed(
+                &route,
+                &nexus,
+                lun,
+                1,
+                TaskAttr::Simple,
+                cdb,
+                out,
+                expected,
+                None,
+            )
+        };
+        (once(), once(), t2)
+    });
     t.execute(&nexus, lun, &[0; 6], &[], 0);
     let r = t.execute(&nexus, lun, cdb, out, expected);
+    if let Some((first, second, t2)) = routed {
+        assert_eq!(first, r, "{cdb:02x?} through a new route");
+        let again = t.execute(&nexus, lun, cdb, out, expected);
+        assert_eq!(second, again, "{cdb:02x?} through a kept route");
+        let read_all = [0x28, 0, 0, 0, 0, 0, 0, 0, 64, 0];
+        let a = t.execute(&nexus, lun, &read_all, &[], 64 * 512);
+        let b = t2.execute(&nexus, lun, &read_all, &[], 64 * 512);
+        assert_eq!(a.data_in, b.data_in, "{cdb:02x?}: the stores differ");
+    }
     let op = Opcode::from(cdb.first().copied().unwrap_or(0));
     let malformed = match op.cdb_len() {
         None => true,
@@ -95,6 +96,44 @@ pub fn cdb_execute(data: &[u8]) {
     t.execute(&standby, lun, &[0; 6], &[], 0);
     let r = t.execute(&standby, lun, cdb, out, expected);
     assert!(r.data_in.len() as u64 <= expected);
+}
+
+/// [`cdb_execute`]'s target: a small thin-provisioned ram LUN 0 (with
+/// `protection`), ports "p" (relative 1, an active/optimized group) and
+/// "s" (relative 2, a standby group with a remote port too), explicit
+/// ALUA.
+fn fuzz_target(protection: Option<PiType>) -> Option<Target> {
+    let cfg = DeviceConfig {
+        thin: true,
+        protection,
+        ..Default::default()
+    };
+    let store = match protection {
+        Some(_) => Ram::with_pi(64 * 512, 512),
+        None => Ram::new(64 * 512),
+    };
+    let dev = Arc::new(Device::new(cfg, Arc::new(store)).ok()?);
+    let t = Target::new();
+    t.add_lun(None, Lun::new(0).ok()?, dev);
+    // "p" is relative port 1, "s" 2; group 2 also holds a remote port.
+    let _ = t.set_relative_port_id("p", 1);
+    let _ = t.set_relative_port_id("s", 2);
+    let group = |id, state, ports: &[u16]| PortGroup {
+        id,
+        state,
+        preferred: false,
+        ports: ports.to_vec(),
+        status: Default::default(),
+    };
+    t.set_alua(Alua {
+        groups: vec![
+            group(1, AccessState::ActiveOptimized, &[1]),
+            group(2, AccessState::Standby, &[2, 7]),
+        ],
+        explicit: true,
+        transition_secs: 0,
+    });
+    Some(t)
 }
 
 /// Blocks of the image [`vcdrom_execute`] reads.
