@@ -105,12 +105,6 @@ impl AccessState {
         STATES.iter().fold(0, |b, r| b | r.3)
     }
 
-    /// Whether every command may run through a port in this state (the
-    /// active ones): [`AccessState::admit`] refuses none.
-    pub fn admits_all(self) -> bool {
-        self.row().4.is_none()
-    }
-
     /// Whether a command with `cdb` may run through a port in this state
     /// (SPC-4 5.16.2.4.2 to 5.16.2.4.5); a refused one ends with CHECK
     /// CONDITION, NOT READY and the state's LOGICAL UNIT NOT ACCESSIBLE

@@ -388,3 +388,24 @@ fn a_unit_runs_without_blocking_only_while_its_tasks_are_simple() {
     assert_eq!(h2.join().unwrap().status, Status::Good);
     assert!(t.runs_without_blocking(&a, l0()));
 }
+
+#[test]
+fn an_inline_check_condition_with_naca_establishes_aca() {
+    let config = DeviceConfig {
+        norm_aca: true,
+        ..DeviceConfig::default()
+    };
+    let (t, n) = target(Device::new(config, Arc::new(Ram::new(8 * 512))).unwrap());
+    let mut route = Route::default();
+    good(&routed(&t, &n, &mut route, l0(), &read10(0), &[]));
+    // READ(10) past the end, NACA=1 in its CONTROL byte: CHECK CONDITION
+    // on the inline path, and the nexus's ACA condition with it.
+    let mut past = read10(8);
+    past[9] = 0x04;
+    let r = routed(&t, &n, &mut route, l0(), &past, &[]);
+    assert_eq!(r.sense.expect("sense").asc, Asc::LBA_OUT_OF_RANGE);
+    assert_eq!(t.aca_faulted(&n, l0()), Some(n.clone()));
+    // While it lasts, the nexus's next READ ends ACA ACTIVE.
+    let r = routed(&t, &n, &mut route, l0(), &read10(0), &[]);
+    assert_eq!(r.status, Status::AcaActive);
+}

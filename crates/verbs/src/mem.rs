@@ -577,7 +577,7 @@ impl MemBuf {
         if dst_off % WORD != src_off % WORD {
             return self.copy_bounced(dst_off, src, src_off, len, backward);
         }
-        // Same alignment: word to word, the ends bounced.
+        // Same alignment: word to word, the partial ends a word each.
         let (head, words, tail) = Self::split(dst_off, len);
         let d = self.words((dst_off + head) / WORD, words);
         let s = src.words((src_off + head) / WORD, words);

@@ -30,7 +30,7 @@ impl Target {
 
     /// The target port groups as they are now.
     pub fn alua(&self) -> Alua {
-        self.lock().alua.clone()
+        self.lock_to_read().alua.clone()
     }
 
     /// An implicit transition (SPC-4 5.16.2.7: `srptadm`, a cluster

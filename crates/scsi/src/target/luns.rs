@@ -260,7 +260,7 @@ impl Target {
     /// A snapshot of the LUN maps: the default set, then each group with
     /// its initiator patterns.
     pub fn lun_maps(&self) -> LunMaps {
-        let st = self.lock();
+        let st = self.lock_to_read();
         let luns = |set: &LunSet| set.iter().map(|(l, d)| (*l, d.clone())).collect();
         let mut groups: Vec<GroupMap> = st
             .groups
@@ -315,7 +315,7 @@ impl Target {
     /// The LUNs `initiator` sees through target port `port`, as REPORT
     /// LUNS would list them.
     pub fn visible_luns(&self, initiator: &str, port: &str) -> Vec<Lun> {
-        self.lock()
+        self.lock_to_read()
             .set_for(initiator, port)
             .keys()
             .copied()

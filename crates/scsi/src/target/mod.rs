@@ -626,10 +626,15 @@ impl Target {
     /// it: the command takes the task set's way.
     ///
     /// Not registered for task management: a function that comes from
-    /// another thread while it runs (a microsecond or so, memory to
-    /// memory) finds it ended, as if it had come just after. A transport
-    /// that runs a nexus's commands and its task management on one
-    /// thread sees no difference; tag overlaps on a channel are the
+    /// another thread while it runs (a worker may run it while the port's
+    /// thread takes an ABORT TASK, LOGICAL UNIT RESET or another nexus's
+    /// CLEAR TASK SET) does not mark it, and it ends GOOD, as a task that
+    /// completed just before the function would (its I/O was done either
+    /// way: an aborted task's runs to its end too), not TASK ABORTED; a
+    /// CLEAR TASK SET raises no COMMANDS CLEARED attention for it. A
+    /// transport answers a function only after the commands it was
+    /// running (SRP holds the TMF response behind them), so no initiator
+    /// learns of the function first. Tag overlaps on a channel are the
     /// transport's to catch before the core (SRP's are).
     #[allow(clippy::too_many_arguments)]
     fn run_inline(

@@ -10,6 +10,8 @@ use super::*;
 /// A transport's memo of how one I_T nexus reaches one LUN. Keep one per
 /// channel (a channel's nexus never changes) and hand it to
 /// [`Target::route`] before each command, then to [`Target::submit_routed`].
+/// It knows its nexus by the nexus's hash only (a route carries no
+/// names): never hand it another nexus's commands.
 #[derive(Clone, Default)]
 pub struct Route {
     /// The LUN and nexus (its hash) the route was made for.
@@ -77,7 +79,7 @@ impl Target {
             });
             let plain = emulated && {
                 let rtpi = st.port_id(&nexus.target_port);
-                st.alua.group_of(rtpi).is_none_or(|g| g.state.admits_all())
+                st.alua.group_of(rtpi).is_none_or(|g| g.state.is_active())
                     && st.ua_mut(nexus, lun).is_empty()
             };
             *route = Route {
