@@ -327,19 +327,16 @@ fn read10(lba: u32, blocks: u16) -> Vec<u8> {
     c
 }
 
-/// A read finished with `finish_kept` leaves its data in the session's
-/// pool, where `Kept::read` finds what a plain read copies out; the pages
-/// return to the pool when the `Kept` goes. A pool of 1 MiB holds four
-/// kept 256 KiB reads: forty in turn, each dropped, never wait for pages.
-#[test]
-fn a_read_kept_in_the_pool_reads_as_a_copied_one_and_gives_its_pages_back() {
+/// A session with a pool of 1 MiB, its LU past the power-on attention,
+/// and 256 KiB of data (a pattern from `k`) written at LBA 64.
+fn kept_reads_setup(k: u32) -> (Setup, Arc<Session>, srp::wire::Lun, Vec<u8>) {
     let s = setup(8 << 20);
     let mut cfg = SessionConfig::new(s.chan.clone());
     cfg.pool_bytes = 1 << 20;
     let sess = session(&s, cfg);
     let lun = srp::wire::Lun::from_u64(0);
     let data: Vec<u8> = (0..256 << 10)
-        .map(|i: u32| (i * 7 + i / 4096) as u8)
+        .map(|i: u32| (i * k + i / 4096) as u8)
         .collect();
     // TEST UNIT READY takes the power-on unit attention.
     let ready = (0..3).any(|_| sess.execute(lun, &[0; 6], Xfer::None).unwrap().good());
@@ -348,6 +345,16 @@ fn a_read_kept_in_the_pool_reads_as_a_copied_one_and_gives_its_pages_back() {
         .execute(lun, &write10(64, 512), Xfer::Out(&data))
         .unwrap();
     assert!(r.good(), "{r:?}");
+    (s, sess, lun, data)
+}
+
+/// A read finished with `finish_kept` leaves its data in the session's
+/// pool, where `Kept::read` finds what a plain read copies out; the pages
+/// return to the pool when the `Kept` goes. A pool of 1 MiB holds four
+/// kept 256 KiB reads: forty in turn, each dropped, never wait for pages.
+#[test]
+fn a_read_kept_in_the_pool_reads_as_a_copied_one_and_gives_its_pages_back() {
+    let (_s, sess, lun, data) = kept_reads_setup(7);
     // On a thread of its own: pages never given back would have a start
     // wait for them forever.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -401,20 +408,7 @@ fn a_read_kept_in_the_pool_reads_as_a_copied_one_and_gives_its_pages_back() {
 /// never waits for pages. The replaced `Kept` is left empty.
 #[test]
 fn a_start_after_a_kept_read_takes_the_pages_it_gives_back() {
-    let s = setup(8 << 20);
-    let mut cfg = SessionConfig::new(s.chan.clone());
-    cfg.pool_bytes = 1 << 20;
-    let sess = session(&s, cfg);
-    let lun = srp::wire::Lun::from_u64(0);
-    let data: Vec<u8> = (0..256 << 10)
-        .map(|i: u32| (i * 13 + i / 4096) as u8)
-        .collect();
-    let ready = (0..3).any(|_| sess.execute(lun, &[0; 6], Xfer::None).unwrap().good());
-    assert!(ready, "the LU never got ready");
-    let r = sess
-        .execute(lun, &write10(64, 512), Xfer::Out(&data))
-        .unwrap();
-    assert!(r.good(), "{r:?}");
+    let (_s, sess, lun, data) = kept_reads_setup(13);
     let (tx, rx) = std::sync::mpsc::channel();
     let (sess2, data2) = (sess.clone(), data.clone());
     std::thread::spawn(move || {

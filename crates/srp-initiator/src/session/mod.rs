@@ -722,11 +722,7 @@ impl Session {
         xfer: &Xfer<'_>,
         attr: TaskAttr,
     ) -> Result<Started, SessionError> {
-        let how = StartHow {
-            batch: true,
-            ..StartHow::default()
-        };
-        self.start_marked(lun, cdb, xfer, attr, how)
+        self.start_batched_after(None, lun, cdb, xfer, attr)
     }
 
     /// [`Session::start_batched`] that first gives back the pages of
