@@ -39,6 +39,11 @@ fn routed(
     t.submit_routed(route, n, lun, 7, TaskAttr::Simple, cdb, data, 512, None)
 }
 
+/// A READ through `route` as it stands (not brought up to date first).
+fn as_made(t: &Target, n: &Nexus, route: &Route, lun: Lun, cdb: &[u8]) -> ScsiResponse {
+    t.submit_routed(route, n, lun, 1, TaskAttr::Simple, cdb, &[], 512, None)
+}
+
 fn attention(r: &ScsiResponse) -> Asc {
     assert_eq!(r.status, Status::CheckCondition, "{:?}", r.sense);
     let s = r.sense.expect("sense");
@@ -78,17 +83,7 @@ fn an_attention_raised_after_the_route_was_made_is_reported() {
     // submit): the command reports it.
     t.route(&n, l0(), &mut route);
     t.task_management(&other, l0(), Tmf::LogicalUnitReset);
-    let r = t.submit_routed(
-        &route,
-        &n,
-        l0(),
-        1,
-        TaskAttr::Simple,
-        &read10(0),
-        &[],
-        512,
-        None,
-    );
+    let r = as_made(&t, &n, &route, l0(), &read10(0));
     assert_eq!(attention(&r), Asc::BUS_DEVICE_RESET);
     good(&routed(&t, &n, &mut route, l0(), &read10(0), &[]));
     // And through a route brought up to date after the reset.
@@ -105,17 +100,7 @@ fn a_changed_map_reaches_the_new_device() {
     t.route(&n, l0(), &mut route);
     // LUN 0 now maps another device: a route made before is stale.
     t.add_lun(None, l0(), ram(8));
-    let r = t.submit_routed(
-        &route,
-        &n,
-        l0(),
-        1,
-        TaskAttr::Simple,
-        &read10(2),
-        &[],
-        512,
-        None,
-    );
+    let r = as_made(&t, &n, &route, l0(), &read10(2));
     assert_eq!(attention(&r), Asc::REPORTED_LUNS_DATA_CHANGED);
     let r = routed(&t, &n, &mut route, l0(), &read10(2), &[]);
     assert_eq!(
@@ -126,17 +111,7 @@ fn a_changed_map_reaches_the_new_device() {
     // Gone from the map: LOGICAL UNIT NOT SUPPORTED, not the old device.
     t.route(&n, l0(), &mut route);
     t.remove_lun(None, l0());
-    let r = t.submit_routed(
-        &route,
-        &n,
-        l0(),
-        1,
-        TaskAttr::Simple,
-        &read10(2),
-        &[],
-        512,
-        None,
-    );
+    let r = as_made(&t, &n, &route, l0(), &read10(2));
     assert_eq!(r.status, Status::CheckCondition);
     assert_eq!(r.sense.unwrap().asc, Asc::LOGICAL_UNIT_NOT_SUPPORTED);
 }
@@ -157,17 +132,7 @@ fn a_route_serves_only_the_lun_it_was_made_for() {
     let r = routed(&t, &n, &mut route, l1, &read10(3), &[]);
     assert_eq!(good(&r), &[0u8; 512][..]);
     // A route made for LUN 1, handed a command for LUN 0, is not taken.
-    let r = t.submit_routed(
-        &route,
-        &n,
-        l0(),
-        1,
-        TaskAttr::Simple,
-        &read10(3),
-        &[],
-        512,
-        None,
-    );
+    let r = as_made(&t, &n, &route, l0(), &read10(3));
     assert_eq!(good(&r), &[0x22u8; 512][..]);
 }
 
@@ -193,17 +158,7 @@ fn a_port_made_standby_refuses_what_its_route_allowed() {
     good(&routed(&t, &n, &mut route, l0(), &read10(0), &[]));
     t.route(&n, l0(), &mut route);
     t.set_group_state(1, AccessState::Standby).unwrap();
-    let r = t.submit_routed(
-        &route,
-        &n,
-        l0(),
-        1,
-        TaskAttr::Simple,
-        &read10(0),
-        &[],
-        512,
-        None,
-    );
+    let r = as_made(&t, &n, &route, l0(), &read10(0));
     assert_eq!(r.status, Status::CheckCondition);
     let r = routed(&t, &n, &mut route, l0(), &read10(0), &[]);
     let s = r.sense.expect("sense");
