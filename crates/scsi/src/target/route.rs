@@ -41,13 +41,15 @@ impl Route {
         self.dev.as_ref()
     }
 
-    /// Whether nothing it depends on changed since it was made for
-    /// `nexus` and `lun`, and a READ or WRITE may use it.
+    /// Whether it was made for `nexus` and `lun` and nothing it depends
+    /// on changed since.
+    fn current_for(&self, target: &Target, nexus: &Nexus, lun: Lun) -> bool {
+        self.lun == Some(lun) && self.nexus == nexus.hash && self.epoch == target.epoch.load(SeqCst)
+    }
+
+    /// [`Route::current_for`], and a READ or WRITE may use it.
     pub(super) fn plain_for(&self, target: &Target, nexus: &Nexus, lun: Lun) -> bool {
-        self.plain
-            && self.lun == Some(lun)
-            && self.nexus == nexus.hash
-            && self.epoch == target.epoch.load(SeqCst)
+        self.plain && self.current_for(target, nexus, lun)
     }
 }
 
@@ -61,10 +63,7 @@ impl Target {
         lun: Lun,
         route: &'r mut Route,
     ) -> Option<&'r Arc<Device>> {
-        let current = route.lun == Some(lun)
-            && route.nexus == nexus.hash
-            && route.epoch == self.epoch.load(SeqCst);
-        if !current {
+        if !route.current_for(self, nexus, lun) {
             // Read without moving the count: a nexus seen for the first
             // time gets its power-on unit attention here, which only this
             // route (stale until the attention is taken) depends on.

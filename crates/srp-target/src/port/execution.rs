@@ -315,27 +315,30 @@ impl Inner {
 
     /// Puts a job's data-out together from its chunks and spilled pieces.
     pub(super) fn gather_job(&self, job: &mut Job) {
-        if !matches!(job.parts, OutParts::Fetched { .. }) {
-            return;
-        }
-        if let OutParts::Fetched { len, mut parts } = std::mem::take(&mut job.parts) {
-            parts.sort_by_key(|p| p.0);
-            let mut end = 0u64;
-            let back_to_back = parts.iter().all(|&(off, _, n)| {
-                let next = off == end;
-                end += n as u64;
-                next
-            });
-            if job.spilled.is_empty() && back_to_back && end == len as u64 && !parts.is_empty() {
-                job.parts = OutParts::Direct(parts);
+        let (len, mut parts) = match std::mem::take(&mut job.parts) {
+            OutParts::Fetched { len, parts } => (len, parts),
+            // Gathered already, or never in chunks.
+            other => {
+                job.parts = other;
                 return;
             }
-            job.data_out = self.gather(len, parts);
-            for (offset, bytes) in std::mem::take(&mut job.spilled) {
-                let start = (offset as usize).min(job.data_out.len());
-                let end = (start + bytes.len()).min(job.data_out.len());
-                job.data_out[start..end].copy_from_slice(&bytes[..end - start]);
-            }
+        };
+        parts.sort_by_key(|p| p.0);
+        let mut end = 0u64;
+        let back_to_back = parts.iter().all(|&(off, _, n)| {
+            let next = off == end;
+            end += n as u64;
+            next
+        });
+        if job.spilled.is_empty() && back_to_back && end == len as u64 && !parts.is_empty() {
+            job.parts = OutParts::Direct(parts);
+            return;
+        }
+        job.data_out = self.gather(len, parts);
+        for (offset, bytes) in std::mem::take(&mut job.spilled) {
+            let start = (offset as usize).min(job.data_out.len());
+            let end = (start + bytes.len()).min(job.data_out.len());
+            job.data_out[start..end].copy_from_slice(&bytes[..end - start]);
         }
     }
 
