@@ -8,7 +8,7 @@ use crate::opcode::Opcode;
 use crate::passthrough::PassThrough;
 use crate::pi::{Checks, PiType, Tuple, Want, PI_LEN};
 use crate::sense::{Asc, Sense, SenseKey};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, RwLock};
 
 /// Device attributes (SCST device handler parameters).
@@ -130,9 +130,15 @@ pub struct Device {
     /// tuple change together: writers hold this alone, readers share it,
     /// so a read never pairs new data with an old guard.
     pi_lock: RwLock<()>,
-    mode: std::sync::Mutex<ModeState>,
+    /// The current [`ModeState`], packed ([`ModeState::bits`]): every
+    /// command reads it, so no lock that commands on other threads share.
+    mode: AtomicU8,
     /// Persistent reservations of this logical unit.
-    pub(crate) pr: std::sync::Mutex<crate::pr::PrState>,
+    pr: std::sync::Mutex<crate::pr::PrState>,
+    /// Whether `pr` holds a reservation, written under its lock whenever
+    /// it may have changed: without one nothing conflicts, so a READ or
+    /// WRITE checks this instead of taking the lock.
+    reserved: AtomicBool,
     stats: Counters,
     /// A pass-through unit's handler: its commands go to the device, not
     /// to the emulation or `backend` (which then holds nothing).
@@ -193,6 +199,19 @@ pub struct ModeState {
     pub wce: bool,
     /// Control page D_SENSE: report sense in descriptor format.
     pub d_sense: bool,
+}
+
+impl ModeState {
+    fn bits(self) -> u8 {
+        u8::from(self.wce) | u8::from(self.d_sense) << 1
+    }
+
+    fn from_bits(b: u8) -> ModeState {
+        ModeState {
+            wce: b & 1 != 0,
+            d_sense: b & 2 != 0,
+        }
+    }
 }
 
 pub(crate) fn pad(s: &str, n: usize) -> Vec<u8> {
@@ -293,10 +312,14 @@ impl Device {
             backend,
             io_lock: RwLock::new(()),
             pi_lock: RwLock::new(()),
-            mode: std::sync::Mutex::new(ModeState {
-                wce,
-                d_sense: false,
-            }),
+            mode: AtomicU8::new(
+                ModeState {
+                    wce,
+                    d_sense: false,
+                }
+                .bits(),
+            ),
+            reserved: AtomicBool::new(pr.is_reserved()),
             pr: std::sync::Mutex::new(pr),
             stats: Counters::default(),
             pass: None,
@@ -1081,6 +1104,39 @@ impl Device {
     }
 
     /// Writes (APTPL set) or removes (APTPL clear) the PR state file.
+    /// SPC-4 5.9.1: whether `cmd` from `n` conflicts with a persistent
+    /// reservation ([`crate::pr::PrState::conflicts`]).
+    #[inline]
+    pub(crate) fn pr_conflicts(&self, n: &crate::target::Nexus, cmd: &Command) -> bool {
+        self.reserved.load(SeqCst) && self.pr_state().conflicts(n, cmd)
+    }
+
+    /// [`crate::pr::PrState::conflicts_passed`] for a unit that passes
+    /// its commands on.
+    #[inline]
+    pub(crate) fn pr_conflicts_passed(
+        &self,
+        n: &crate::target::Nexus,
+        cdb: &[u8],
+        data_in: bool,
+    ) -> bool {
+        self.reserved.load(SeqCst) && self.pr_state().conflicts_passed(n, cdb, data_in)
+    }
+
+    /// The persistent reservation state, locked, for reading: a change
+    /// goes through [`Device::with_pr_mut`].
+    pub(crate) fn pr_state(&self) -> std::sync::MutexGuard<'_, crate::pr::PrState> {
+        self.pr.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the persistent reservation state, which it may change.
+    pub(crate) fn with_pr_mut<T>(&self, f: impl FnOnce(&mut crate::pr::PrState) -> T) -> T {
+        let mut pr = self.pr_state();
+        let out = f(&mut pr);
+        self.reserved.store(pr.is_reserved(), SeqCst);
+        out
+    }
+
     pub(crate) fn persist_pr(&self, st: &crate::pr::PrState) -> std::io::Result<()> {
         let Some(path) = &self.config.pr_file else {
             return Ok(());
@@ -1099,7 +1155,7 @@ impl Device {
 
     /// Current mode parameters.
     pub fn mode_state(&self) -> ModeState {
-        *self.mode.lock().unwrap_or_else(|e| e.into_inner())
+        ModeState::from_bits(self.mode.load(SeqCst))
     }
 
     fn mode_page(&self, page: u8, pc: u8) -> Vec<u8> {
@@ -1225,7 +1281,7 @@ impl Device {
             }
             off += cur.len();
         }
-        *self.mode.lock().unwrap_or_else(|e| e.into_inner()) = new;
+        self.mode.store(new.bits(), SeqCst);
         Ok(())
     }
 

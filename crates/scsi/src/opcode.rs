@@ -25,12 +25,24 @@ macro_rules! opcodes {
             Unknown(u8),
         }
 
+        /// Every byte's opcode, built once at compile time: a CDB's first
+        /// byte is looked up on every command, and a `match` over the
+        /// table compiles to a search (about 15 instructions a lookup
+        /// against 3).
+        const BY_BYTE: [Opcode; 256] = {
+            let mut t = [Opcode::Unknown(0); 256];
+            let mut v = 0;
+            while v < 256 {
+                t[v] = Opcode::Unknown(v as u8);
+                v += 1;
+            }
+            $( t[$value as usize] = Opcode::$variant; )*
+            t
+        };
+
         impl From<u8> for Opcode {
             fn from(v: u8) -> Self {
-                match v {
-                    $( $value => Opcode::$variant, )*
-                    other => Opcode::Unknown(other),
-                }
+                BY_BYTE[v as usize]
             }
         }
 
@@ -130,5 +142,14 @@ mod tests {
         assert_eq!(Opcode::from(0x35), Opcode::SynchronizeCache10);
         assert_eq!(Opcode::from(0x91).to_string(), "SYNCHRONIZE CACHE(16)");
         assert_eq!(Opcode::from(0xff).to_string(), "unknown opcode 0xff");
+    }
+
+    /// No two rows of the table share a byte (the lookup table would keep
+    /// the last one silently).
+    #[test]
+    fn every_row_is_found_by_its_byte() {
+        for &op in Opcode::ALL {
+            assert_eq!(Opcode::from(u8::from(op)), op);
+        }
     }
 }

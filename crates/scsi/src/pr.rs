@@ -100,6 +100,11 @@ fn conflict() -> PrError {
 }
 
 impl PrState {
+    /// Whether some nexus (or every registrant) holds a reservation.
+    pub fn is_reserved(&self) -> bool {
+        self.reservation.is_some()
+    }
+
     fn holds(&self, n: &Nexus) -> bool {
         match &self.reservation {
             Some((_, t)) if t.all_registrants() => self.keys.contains_key(n),

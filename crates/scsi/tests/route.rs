@@ -364,3 +364,42 @@ fn an_inline_check_condition_with_naca_establishes_aca() {
     let r = routed(&t, &n, &mut route, l0(), &read10(0), &[]);
     assert_eq!(r.status, Status::AcaActive);
 }
+
+/// PERSISTENT RESERVE OUT from `n`: service action `sa`, type `ty`,
+/// reservation key `key`, service action key `sa_key`.
+fn pr_out(t: &Target, n: &Nexus, sa: u8, ty: u8, key: u64, sa_key: u64) -> Status {
+    let mut p = key.to_be_bytes().to_vec();
+    p.extend_from_slice(&sa_key.to_be_bytes());
+    p.extend_from_slice(&[0; 8]);
+    t.execute(n, l0(), &[0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0], &p, 24)
+        .status
+}
+
+/// A READ or WRITE through a route meets a reservation taken after the
+/// route was made, and runs again once it is released: the route's plain
+/// path checks reservations without the lock only while there are none.
+#[test]
+fn a_reservation_taken_after_the_route_was_made_conflicts() {
+    let (t, a) = target(Device::new(DeviceConfig::default(), Arc::new(Ram::new(8 * 512))).unwrap());
+    let b = Nexus::new("b", "p");
+    t.execute(&b, l0(), &[0; 6], &[], 0);
+    let mut route = Route::default();
+    good(&routed(&t, &b, &mut route, l0(), &write10(1), &[5; 512]));
+    // REGISTER, then RESERVE Write Exclusive (type 1) from `a`.
+    assert_eq!(pr_out(&t, &a, 0, 0, 0, 0x11), Status::Good);
+    assert_eq!(pr_out(&t, &a, 1, 1, 0x11, 0), Status::Good);
+    let r = routed(&t, &b, &mut route, l0(), &write10(1), &[6; 512]);
+    assert_eq!(r.status, Status::ReservationConflict);
+    // Write Exclusive lets others read.
+    assert_eq!(
+        good(&routed(&t, &b, &mut route, l0(), &read10(1), &[])),
+        &[5; 512][..]
+    );
+    // RELEASE: the WRITE runs again.
+    assert_eq!(pr_out(&t, &a, 2, 1, 0x11, 0), Status::Good);
+    good(&routed(&t, &b, &mut route, l0(), &write10(1), &[6; 512]));
+    assert_eq!(
+        good(&routed(&t, &b, &mut route, l0(), &read10(1), &[])),
+        &[6; 512][..]
+    );
+}

@@ -172,27 +172,25 @@ impl Target {
                             ..ScsiResponse::status_only(Status::ReservationConflict, expected)
                         };
                         match cmd {
-                            Command::PrIn { sa, .. } => dev
-                                .pr
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .pr_in(*sa, env),
+                            Command::PrIn { sa, .. } => dev.pr_state().pr_in(*sa, env),
                             Command::PrOut {
                                 sa,
                                 type_byte,
                                 param_len,
                             } => {
                                 let p = data_out.get(..*param_len as usize).unwrap_or(data_out);
-                                let mut pr = dev.pr.lock().unwrap_or_else(|e| e.into_inner());
-                                let r = pr.pr_out(nexus, *sa, *type_byte, p, env);
-                                if r.is_ok() && dev.persist_pr(&pr).is_err() {
+                                let (r, lost) = dev.with_pr_mut(|pr| {
+                                    let r = pr.pr_out(nexus, *sa, *type_byte, p, env);
+                                    let lost = r.is_ok() && dev.persist_pr(pr).is_err();
+                                    (r, lost)
+                                });
+                                if lost {
                                     // SPC-4 5.9.5: the state could not be kept; say so.
                                     return ScsiResponse::check(
                                         Sense::new(SenseKey::HardwareError, Asc::WRITE_ERROR),
                                         expected,
                                     );
                                 }
-                                drop(pr);
                                 match r {
                                     Ok(notices) => {
                                         if *sa == 5 {
@@ -221,12 +219,7 @@ impl Target {
                                 }
                             }
                             _ => {
-                                if dev
-                                    .pr
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .conflicts(nexus, cmd)
-                                {
+                                if dev.pr_conflicts(nexus, cmd) {
                                     return conflict;
                                 }
                                 let before = dev.mode_state();
@@ -291,12 +284,7 @@ impl Target {
                 ..ScsiResponse::check(s, expected)
             };
         }
-        if dev
-            .pr
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .conflicts(nexus, cmd)
-        {
+        if dev.pr_conflicts(nexus, cmd) {
             return ScsiResponse {
                 descriptor_sense: d_sense,
                 ..ScsiResponse::status_only(Status::ReservationConflict, expected)
@@ -441,12 +429,7 @@ impl Target {
             Ok((dir, _)) => dir,
             Err(s) => return ScsiResponse::check(s, expected),
         };
-        let conflict = dev
-            .pr
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .conflicts_passed(nexus, cdb, dir == DataDir::In);
-        if conflict {
+        if dev.pr_conflicts_passed(nexus, cdb, dir == DataDir::In) {
             return ScsiResponse::status_only(Status::ReservationConflict, expected);
         }
         let passed = handler.run(dev, port, cdb, data_out, bufs, expected);
@@ -488,12 +471,7 @@ impl Target {
             return refused;
         }
         drop(st);
-        let conflict = dev
-            .pr
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .conflicts_passed(nexus, cdb, expected > 0);
-        if conflict {
+        if dev.pr_conflicts_passed(nexus, cdb, expected > 0) {
             return ScsiResponse::status_only(Status::ReservationConflict, expected);
         }
         let alloc = usize::try_from(expected).unwrap_or(usize::MAX);
