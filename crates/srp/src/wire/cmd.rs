@@ -407,10 +407,12 @@ impl<'a> Cmd<'a> {
     }
 
     fn desc_end(&self) -> usize {
-        field::CDB.start
-            + self.cdb_area_len().unwrap_or(16)
-            + self.data_out.wire_len()
-            + self.data_in.wire_len()
+        self.desc_end_after(self.cdb_area_len().unwrap_or(16))
+    }
+
+    /// [`Cmd::desc_end`] with the CDB area `cdb_area` bytes long.
+    fn desc_end_after(&self, cdb_area: usize) -> usize {
+        field::CDB.start + cdb_area + self.data_out.wire_len() + self.data_in.wire_len()
     }
 
     /// Bytes [`Cmd::emit`] writes: up to the end of the descriptors, or up to
@@ -479,7 +481,7 @@ impl<'a> Cmd<'a> {
         };
         v.reserve(total);
         v.resize(head, 0);
-        if let Err(e) = self.emit_head(v) {
+        if let Err(e) = self.emit_head_zeroed(v) {
             v.clear();
             return Err(e);
         }
@@ -488,7 +490,7 @@ impl<'a> Cmd<'a> {
 
     /// [`Cmd::buffer_len`] of an IU that can be emitted.
     fn checked_len(&self) -> Result<usize> {
-        self.cdb_area_len()?;
+        let cdb_area = self.cdb_area_len()?;
         if let DataDesc::Immediate { .. } = self.data_in {
             return Err(Error::DescFormat {
                 dir: "data-in",
@@ -502,7 +504,7 @@ impl<'a> Cmd<'a> {
                 }
             }
         }
-        let desc_end = self.desc_end();
+        let desc_end = self.desc_end_after(cdb_area);
         if let DataDesc::Immediate { offset, data } = self.data_out {
             let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
             if usize::from(offset) < desc_end || data.len() > u32::MAX as usize {
@@ -513,21 +515,33 @@ impl<'a> Cmd<'a> {
                     iu_len: self.buffer_len(),
                 });
             }
+            // `buffer_len`: the offset is past the descriptors.
+            return Ok(usize::from(offset) + data.len());
         }
-        Ok(self.buffer_len())
+        Ok(desc_end)
     }
 
     /// Writes everything but the immediate data into `buf` (reserved
     /// bytes zero): the whole IU, or with immediate data the bytes before
     /// it, which `buf` may end at. Returns where the data goes.
     fn emit_head(&self, buf: &mut [u8]) -> Result<usize> {
+        let head = match self.data_out {
+            DataDesc::Immediate { offset, .. } => usize::from(offset),
+            _ => buf.len(),
+        };
+        buf[..head].fill(0);
+        self.emit_head_zeroed(buf)
+    }
+
+    /// [`Cmd::emit_head`] into bytes that are zero already (a vector just
+    /// resized): only the fields are written.
+    fn emit_head_zeroed(&self, buf: &mut [u8]) -> Result<usize> {
         let cdb_area = self.cdb_area_len()?;
         let head = match self.data_out {
             DataDesc::Immediate { offset, .. } => usize::from(offset),
             _ => buf.len(),
         };
         let buf = &mut buf[..head];
-        buf.fill(0);
         let mut p = CmdPacket::new_unchecked(&mut *buf);
         p.set_opcode(IuType::Cmd.into());
         p.set_sol_not(self.sol_not);

@@ -413,7 +413,15 @@ impl<'a> Iu<'a> {
     /// [`Iu::to_vec`] into an [`IuBytes`]: no allocation for an IU of
     /// [`IU_INLINE`] bytes or fewer (an SRP_RSP without sense data).
     pub fn to_bytes(&self) -> Result<IuBytes> {
-        let mut v = IuBytes::from_elem(0, self.buffer_len());
+        let len = self.buffer_len();
+        if len <= IU_INLINE {
+            // Emitted into an array that becomes the inline buffer: no
+            // call to fill a vector's bytes that emit writes again.
+            let mut a = [0u8; IU_INLINE];
+            let n = self.emit(&mut a)?;
+            return Ok(IuBytes::from_buf_and_len(a, n));
+        }
+        let mut v = IuBytes::from_elem(0, len);
         let n = self.emit(&mut v)?;
         v.truncate(n);
         Ok(v)

@@ -187,7 +187,20 @@ impl<'a> Rsp<'a> {
         let total = self.buffer_len();
         check_emit(buf, total)?;
         let buf = &mut buf[..total];
-        buf.fill(0);
+        buf[..RSP_FIXED_LEN].copy_from_slice(&self.head());
+        let mut at = RSP_FIXED_LEN;
+        for s in [self.response_data, self.sense_data].into_iter().flatten() {
+            buf[at..at + s.len()].copy_from_slice(s);
+            at += s.len();
+        }
+        Ok(total)
+    }
+
+    /// The fixed part as emitted, reserved bytes zero: built in an array
+    /// of its own, not in a zeroed slice field by field (no bounds checks,
+    /// no fill of bytes written next).
+    fn head(&self) -> [u8; RSP_FIXED_LEN] {
+        let mut head = [0u8; RSP_FIXED_LEN];
         let mut flags = self.flags.0 & RspFlags::RESIDUAL;
         if self.response_data.is_some() {
             flags |= RspFlags::RSPVALID;
@@ -196,7 +209,7 @@ impl<'a> Rsp<'a> {
             flags |= RspFlags::SNSVALID;
         }
         let len32 = |s: Option<&[u8]>| u32::try_from(s.map_or(0, <[u8]>::len)).unwrap_or(u32::MAX);
-        let mut p = RspPacket::new_unchecked(&mut *buf);
+        let mut p = RspPacket::new_unchecked(&mut head[..]);
         p.set_opcode(IuType::Rsp.into());
         p.set_sol_not(self.sol_not);
         p.set_req_lim_delta(self.req_lim_delta);
@@ -207,12 +220,7 @@ impl<'a> Rsp<'a> {
         p.set_data_in_res_cnt(self.data_in_res_cnt);
         p.set_sense_data_len(len32(self.sense_data));
         p.set_resp_data_len(len32(self.response_data));
-        let mut at = RSP_FIXED_LEN;
-        for s in [self.response_data, self.sense_data].into_iter().flatten() {
-            buf[at..at + s.len()].copy_from_slice(s);
-            at += s.len();
-        }
-        Ok(total)
+        head
     }
 }
 
