@@ -848,8 +848,9 @@ enum Op {
     Write,
     /// SYNCHRONIZE CACHE(10).
     Flush,
-    /// UNMAP with this parameter list.
-    Unmap(Vec<u8>),
+    /// UNMAP with this parameter list (boxed: a slot's command stays
+    /// small enough to be moved without a call to memcpy).
+    Unmap(Box<[u8; 24]>),
 }
 
 impl Op {
@@ -868,9 +869,9 @@ struct Queued<'a> {
     started: crate::session::Started,
     cdb: [u8; 16],
     /// The CDB's length (10 or 16 bytes).
-    cdb_len: usize,
+    cdb_len: u8,
+    /// Its bytes are the started command's (`Started::data_len`).
     op: Op,
-    len: usize,
     /// Its places in the LUN's and the target's queue limits.
     _places: Places<'a>,
 }
@@ -907,7 +908,7 @@ enum Ended {
 /// A WRITE(16) to send again from its slot's buffer.
 struct Resend {
     cdb: [u8; 16],
-    cdb_len: usize,
+    cdb_len: u8,
     len: usize,
 }
 
@@ -945,34 +946,32 @@ impl<'a> DiskQueue<'a> {
     /// data (of its last command) goes as it starts again: its pages are
     /// given back under the start's hold of the session lock. The ways of
     /// starting a slot that do not come here drop it themselves.
+    /// `cdb` is the CDB's first `cdb_len` bytes, kept whole as the slot
+    /// keeps it (no copy of a slice of a length known only at run time).
     fn send(
         &mut self,
         slot: usize,
-        cdb: &[u8],
+        (cdb, cdb_len): ([u8; 16], u8),
         xfer: &Xfer<'_>,
         op: Op,
-        len: usize,
     ) -> io::Result<()> {
         let places = self.take_places(slot);
         // Sent with the others started before this queue next waits.
         let started = self.session.start_batched_after(
             self.kept[slot].as_mut(),
             self.disk.lun,
-            cdb,
+            &cdb[..usize::from(cdb_len)],
             xfer,
             srp::wire::TaskAttr::Simple,
         );
         // Left with no pages (or none to begin with).
         self.kept[slot] = None;
         let started = started.map_err(|e| io_err(op.name(), e))?;
-        let mut c = [0u8; 16];
-        c[..cdb.len()].copy_from_slice(cdb);
         self.slots[slot] = Some(Queued {
             started,
-            cdb: c,
-            cdb_len: cdb.len(),
+            cdb,
+            cdb_len,
             op,
-            len,
             _places: places,
         });
         Ok(())
@@ -981,8 +980,9 @@ impl<'a> DiskQueue<'a> {
     /// SYNCHRONIZE CACHE(10) over the whole LU, started.
     fn start_flush(&mut self, slot: usize) -> io::Result<()> {
         self.check_slot(slot)?;
-        let cdb = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        self.send(slot, &cdb, &Xfer::None, Op::Flush, 0)
+        let mut cdb = [0; 16];
+        cdb[0] = 0x35;
+        self.send(slot, (cdb, 10), &Xfer::None, Op::Flush)
     }
 
     /// UNMAP of one descriptor, started; a range one descriptor cannot
@@ -1006,10 +1006,12 @@ impl<'a> DiskQueue<'a> {
             self.ready.push_back((slot, Ended::Done(r, None)));
             return Ok(());
         }
-        let list = unmap_list(lba, blocks as u32).to_vec();
-        let cdb = [0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
-        let xfer_list = list.clone();
-        self.send(slot, &cdb, &Xfer::Out(&xfer_list), Op::Unmap(list), 0)
+        let list = Box::new(unmap_list(lba, blocks as u32));
+        let mut cdb = [0; 16];
+        cdb[0] = 0x42;
+        cdb[8] = 24;
+        let xfer_list = *list;
+        self.send(slot, (cdb, 10), &Xfer::Out(&xfer_list), Op::Unmap(list))
     }
 
     fn start(
@@ -1051,7 +1053,7 @@ impl<'a> DiskQueue<'a> {
             Some(d) => (Xfer::Out(d), Op::Write),
             None => (Xfer::In(len), Op::Read { in_place }),
         };
-        self.send(slot, &cdb, &xfer, op, len)
+        self.send(slot, (cdb, 16), &xfer, op)
     }
 
     /// Waits until one of this queue's commands has its answer; its slot
@@ -1080,7 +1082,7 @@ impl<'a> DiskQueue<'a> {
         let Some(q) = self.slots[slot].take() else {
             return false;
         };
-        let mut data = matches!(q.op, Op::Read { .. }).then(|| vec![0u8; q.len]);
+        let mut data = matches!(q.op, Op::Read { .. }).then(|| vec![0u8; q.started.data_len()]);
         let mut kept = None;
         let ended = match self.finish(q, answer, data.as_deref_mut(), &mut kept) {
             // Kept in the pool: no data to copy at completion.
@@ -1107,12 +1109,13 @@ impl<'a> DiskQueue<'a> {
     ) -> Result<io::Result<()>, Resend> {
         let what = q.op.name();
         let reading = matches!(q.op, Op::Read { .. });
+        let len = q.started.data_len();
         let (mut xfer, source) = match (reading, buf) {
             (true, Some(b)) => {
-                let n = q.len.min(b.len());
+                let n = len.min(b.len());
                 (Xfer::InTo(&mut b[..n]), None)
             }
-            (true, None) => (Xfer::In(q.len), None),
+            (true, None) => (Xfer::In(len), None),
             (false, b) => (Xfer::None, b),
         };
         let r = match q.op {
@@ -1142,8 +1145,8 @@ impl<'a> DiskQueue<'a> {
                     *kept = None;
                     return Ok(Err(io::Error::other(format!(
                         "READ(16) returned {} of {} bytes",
-                        q.len.saturating_sub(n as usize),
-                        q.len
+                        len.saturating_sub(n as usize),
+                        len
                     ))));
                 }
             }
@@ -1160,17 +1163,17 @@ impl<'a> DiskQueue<'a> {
                 let resend = Resend {
                     cdb: q.cdb,
                     cdb_len: q.cdb_len,
-                    len: q.len,
+                    len,
                 };
                 return match source {
                     Some(b) => Ok(self.resend(&resend, b)),
                     None => Err(resend),
                 };
             }
-            (Op::Unmap(d), _) => Xfer::Out(d),
+            (Op::Unmap(d), _) => Xfer::Out(&d[..]),
             (_, x) => x,
         };
-        Ok(self.retry(&q.cdb[..q.cdb_len], retry, what))
+        Ok(self.retry(&q.cdb[..usize::from(q.cdb_len)], retry, what))
     }
 
     /// Sends `what` again the synchronous way.
@@ -1199,7 +1202,7 @@ impl<'a> DiskQueue<'a> {
                 ),
             ));
         };
-        self.retry(&w.cdb[..w.cdb_len], Xfer::Out(d), "WRITE(16)")
+        self.retry(&w.cdb[..usize::from(w.cdb_len)], Xfer::Out(d), "WRITE(16)")
     }
 }
 

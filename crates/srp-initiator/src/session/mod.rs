@@ -111,6 +111,13 @@ pub struct Started {
     reading: bool,
 }
 
+impl Started {
+    /// Bytes the command transfers (its buffer's length).
+    pub(crate) fn data_len(&self) -> usize {
+        self.len
+    }
+}
+
 /// This thread's id, read once per thread: `std::thread::current()`
 /// clones the thread's handle (an atomic count up and down) on every call,
 /// and the session asks several times per command.
