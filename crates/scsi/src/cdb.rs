@@ -158,6 +158,30 @@ pub fn cdb_len_of(op: u8) -> Option<usize> {
     })
 }
 
+/// Whether `cdb` reads the medium (`In`: READ(6/10/12/16/32)) or writes
+/// it (`Out`: WRITE(6/10/12/16/32), WRITE AND VERIFY(10/16)), by its
+/// operation code (and a 32-byte
+/// CDB's service action) alone: what [`Command::parse`] would make a
+/// `Read` or `Write` of, when it accepts the rest of the CDB. For a
+/// transport's counters, which count only commands that ended GOOD.
+pub fn medium_direction(cdb: &[u8]) -> Option<DataDir> {
+    match Opcode::from(*cdb.first()?) {
+        Opcode::Read6 | Opcode::Read10 | Opcode::Read12 | Opcode::Read16 => Some(DataDir::In),
+        Opcode::Write6
+        | Opcode::Write10
+        | Opcode::Write12
+        | Opcode::Write16
+        | Opcode::WriteAndVerify10
+        | Opcode::WriteAndVerify16 => Some(DataDir::Out),
+        Opcode::VariableLength => match cdb.get(8..10)? {
+            [0, 0x09] => Some(DataDir::In),
+            [0, 0x0b] => Some(DataDir::Out),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// The NACA bit of the CONTROL byte (SAM-5 5.3): the last byte of the CDB
 /// as [`cdb_len_of`] finds it; false when the CDB is shorter than that.
 pub fn naca(cdb: &[u8]) -> bool {
@@ -611,6 +635,32 @@ impl Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `medium_direction` calls a CDB a READ or a WRITE exactly when the
+    /// parser makes a `Read` or `Write` of it: every operation code, and a
+    /// 32-byte CDB with each of its service actions.
+    #[test]
+    fn medium_direction_agrees_with_the_parser() {
+        let mut cdbs = Vec::new();
+        for op in 0..=255u8 {
+            let mut c = [0u8; 32];
+            c[0] = op;
+            cdbs.push(c);
+        }
+        for sa in 0..=0x20u8 {
+            let mut c = [0u8; 32];
+            (c[0], c[7], c[9]) = (0x7f, 0x18, sa);
+            cdbs.push(c);
+        }
+        for c in cdbs {
+            let parsed = match Command::parse(&c) {
+                Ok((_, Command::Read { .. })) => Some(DataDir::In),
+                Ok((_, Command::Write { .. })) => Some(DataDir::Out),
+                _ => None,
+            };
+            assert_eq!(medium_direction(&c), parsed, "{:02x?}", &c[..10]);
+        }
+    }
 
     /// The parser and the table agree: every table opcode with a zeroed CDB of
     /// the table's length either parses or is refused with a field pointer

@@ -395,12 +395,13 @@ impl Inner {
         // since counts it where it was addressed.
         let dev = job.route.device();
         let direct_in = !data_out_dir && req.data_in_len >= DIRECT_IN_MIN;
-        // Parsed once: it picks the memory store's path and the counters.
-        let kind = scsi::Command::parse(&req.cdb).map(|(_, c)| c);
+        // By its operation code (the core parses the CDB when it runs
+        // it): it picks the memory store's path and the counters.
+        let medium = scsi::cdb::medium_direction(&req.cdb);
         // A READ from a memory store goes out of the store itself.
         let store = dev
             .as_ref()
-            .filter(|_| direct_in && matches!(kind, Ok(scsi::Command::Read { .. })))
+            .filter(|_| direct_in && medium == Some(scsi::DataDir::In))
             .and_then(|d| d.backend().memory()?.downcast_ref::<crate::MemStore>())
             .map(crate::MemStore::memory_now)
             .and_then(|mem| Some((self.store_lkey(&mem)?, mem)));
@@ -502,12 +503,12 @@ impl Inner {
             let (data_in_len, data_out_len) = (in_len as u64, out_len);
             self.count(lun, dev, |n| {
                 n.commands += 1;
-                match kind {
-                    Ok(scsi::Command::Read { .. }) if good => {
+                match medium {
+                    Some(scsi::DataDir::In) if good => {
                         n.reads += 1;
                         n.read_bytes += data_in_len;
                     }
-                    Ok(scsi::Command::Write { .. }) if good => {
+                    Some(scsi::DataDir::Out) if good => {
                         n.writes += 1;
                         n.write_bytes += data_out_len;
                     }
