@@ -431,10 +431,10 @@ impl Inner {
             *n = c.queued_wrs;
         }
         let qp = c.qp;
-        st.posts.push_back(Post {
+        st.posts.ius.push(wr);
+        st.posts.iu_posts.push(Post {
             conn,
             qp,
-            wr,
             kind: Posted::Send { slot },
         });
     }
@@ -548,16 +548,16 @@ impl Inner {
             },
         );
         let qp = c.qp;
-        st.posts.push_back(Post {
+        st.posts.wrs.push(wr);
+        st.posts.posts.push(Post {
             conn,
             qp,
-            wr,
             kind: Posted::Rdma { op, chunk },
         });
         true
     }
 
-    /// Posts the batch in `bufs.spare` and whatever other threads queue
+    /// Posts the batch in `batch` and whatever other threads queue
     /// meanwhile, with the lock let go (`PortLock`); a failed post is
     /// undone and its channel told. In each batch the RDMA READs and
     /// WRITEs go first, then the IUs, each in the order queued: a response
@@ -566,42 +566,42 @@ impl Inner {
     /// back, one GSO send each on soft RoCE. Each QP's run of requests is
     /// one post, in which an unsignaled WRITE joins the WRITE after it
     /// where the two are one contiguous span at both ends (see [`joins`]).
-    pub(super) fn flush_posts(&self, mut bufs: FlushBufs) {
+    pub(super) fn flush_posts(&self, mut batch: Batch) {
         loop {
-            rdma_first(&mut bufs);
-            let FlushBufs {
-                ordered: all,
-                wrs,
-                ends,
-                ..
-            } = &mut bufs;
-            // Index ranges of `all` whose posts failed (rare: no
+            // The IUs behind the RDMA ops, in one move each list.
+            batch.wrs.append(&mut batch.ius);
+            batch.posts.append(&mut batch.iu_posts);
+            let Batch {
+                wrs, posts, ends, ..
+            } = &mut batch;
+            // Index ranges of `posts` whose posts failed (rare: no
             // allocation otherwise).
             let mut failed: Vec<std::ops::Range<usize>> = Vec::new();
             let mut start = 0;
-            while start < all.len() {
-                let qp = all[start].qp;
-                let run = all[start..].iter().take_while(|p| p.qp == qp).count();
-                wrs.clear();
+            while start < posts.len() {
+                let qp = posts[start].qp;
+                let run = posts[start..].iter().take_while(|p| p.qp == qp).count();
                 ends.clear();
-                // Moved out, not cloned: a failed post needs only its kind.
-                for (i, p) in all[start..start + run].iter_mut().enumerate() {
-                    let wr =
-                        std::mem::replace(&mut p.wr, SendWr::new(0, SendOpcode::Send, Vec::new()));
-                    match wrs.last_mut() {
-                        Some(prev) if joins(prev, &wr) => {
-                            prev.sges[0].length += wr.sges[0].length;
-                            prev.wr_id = wr.wr_id;
-                            prev.flags = wr.flags;
-                            *ends.last_mut().expect("one end a request") = i;
+                // The run's requests, joins folded in, move down to
+                // `start..end` in place (no move at all while none joins).
+                let mut end = start;
+                for i in start..start + run {
+                    if end > start && joins(&wrs[end - 1], &wrs[i]) {
+                        let (done, rest) = wrs.split_at_mut(i);
+                        let (prev, wr) = (&mut done[end - 1], &rest[0]);
+                        prev.sges[0].length += wr.sges[0].length;
+                        prev.wr_id = wr.wr_id;
+                        prev.flags = wr.flags;
+                        *ends.last_mut().expect("one end a request") = i - start;
+                    } else {
+                        if end != i {
+                            wrs.swap(end, i);
                         }
-                        _ => {
-                            wrs.push(wr);
-                            ends.push(i);
-                        }
+                        ends.push(i - start);
+                        end += 1;
                     }
                 }
-                match self.provider.post_send(qp, wrs) {
+                match self.provider.post_send(qp, &wrs[start..end]) {
                     Ok(()) => {}
                     Err(verbs::VerbsError::BadWr { index, .. }) => {
                         // The requests before the refused one went out.
@@ -614,17 +614,20 @@ impl Inner {
             }
             wrs.clear();
             let mut st = self.lock();
-            for (i, p) in all.drain(..).enumerate() {
+            if failed.is_empty() {
+                posts.clear();
+            }
+            for (i, p) in posts.drain(..).enumerate() {
                 if failed.iter().any(|r| r.contains(&i)) {
                     self.post_failed(&mut st, p);
                 }
             }
             if st.posts.is_empty() {
                 st.flushing = false;
-                st.flush_bufs = bufs;
+                st.flush_bufs = batch;
                 return;
             }
-            std::mem::swap(&mut st.posts, &mut bufs.spare);
+            std::mem::swap(&mut st.posts, &mut batch);
         }
     }
 
@@ -719,20 +722,6 @@ fn joins(prev: &SendWr, next: &SendWr) -> bool {
         && a.length
             .checked_add(b.length)
             .is_some_and(|n| n <= JOINED_MAX)
-}
-
-/// Moves the batch (`bufs.spare`) into `bufs.ordered` with the RDMA
-/// READs and WRITEs ahead of the IUs, each in the order queued (a stable
-/// partition), through buffers kept between batches.
-fn rdma_first(bufs: &mut FlushBufs) {
-    for p in bufs.spare.drain(..) {
-        if matches!(p.kind, Posted::Send { .. }) {
-            bufs.ius.push(p);
-        } else {
-            bufs.ordered.push(p);
-        }
-    }
-    bufs.ordered.append(&mut bufs.ius);
 }
 
 #[cfg(test)]

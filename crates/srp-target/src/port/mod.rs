@@ -418,7 +418,7 @@ struct State {
     /// (it runs when the lock is let go).
     closed: Vec<(ConnId, CloseReason)>,
     /// Work requests queued under the lock, posted once it is let go.
-    posts: VecDeque<Post>,
+    posts: Batch,
     /// Abort flags of finished commands (`Queued::aborted`), for the next
     /// ones: no allocation per command.
     spare_flags: Vec<Arc<std::sync::atomic::AtomicBool>>,
@@ -437,24 +437,34 @@ struct State {
     flushing: bool,
     /// The posting thread's buffers, kept between batches so a batch
     /// allocates nothing (the flushing thread has them meanwhile).
-    flush_bufs: FlushBufs,
+    flush_bufs: Batch,
 }
 
-/// What `flush_posts` works in; empty between batches, with their
-/// capacity kept.
+/// Work requests queued under the port lock and posted once it is let go
+/// (`flush_posts`): the RDMA READs and WRITEs apart from the IUs, so a
+/// batch goes out with them first with no request moved one by one.
+/// Empty between batches, with their capacity kept.
 #[derive(Default)]
-struct FlushBufs {
-    /// The batch's posts once taken from `posts` (which gets this
-    /// deque's twin back), and a batch in posting order.
-    spare: VecDeque<Post>,
-    ordered: Vec<Post>,
-    ius: Vec<Post>,
-    /// One QP run's requests, and for each the index of its last post.
+struct Batch {
+    /// The RDMA READs and WRITEs in the order queued, and what each is.
     wrs: Vec<SendWr>,
+    posts: Vec<Post>,
+    /// The IUs in the order queued, and what each is.
+    ius: Vec<SendWr>,
+    iu_posts: Vec<Post>,
+    /// For each request of a QP's run as posted, the index in the run of
+    /// its last queued one (a WRITE joined into the next takes two).
     ends: Vec<usize>,
 }
 
-/// A work request queued under the port lock and posted once the lock is
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.posts.is_empty() && self.iu_posts.is_empty()
+    }
+}
+
+/// What a work request queued under the port lock is (its request waits in
+/// a [`Batch`]); it is posted once the lock is
 /// let go (`PortLock`): a provider that calls back on the posting thread
 /// (the loopback fabric) can then run the initiator's handlers, and ours,
 /// right there, with no thread hand-off. One thread at a time posts the
@@ -462,7 +472,6 @@ struct FlushBufs {
 struct Post {
     conn: ConnId,
     qp: QpHandle,
-    wr: SendWr,
     /// What to undo if the post fails.
     kind: Posted,
 }
@@ -516,14 +525,14 @@ impl Drop for PortLock<'_> {
         };
         let batch = (!st.flushing && !st.posts.is_empty()).then(|| {
             st.flushing = true;
-            let mut bufs = std::mem::take(&mut st.flush_bufs);
-            std::mem::swap(&mut st.posts, &mut bufs.spare);
-            bufs
+            let mut batch = std::mem::take(&mut st.flush_bufs);
+            std::mem::swap(&mut st.posts, &mut batch);
+            batch
         });
         let closed = std::mem::take(&mut st.closed);
         drop(self.st.take());
-        if let Some(bufs) = batch {
-            self.inner.flush_posts(bufs);
+        if let Some(batch) = batch {
+            self.inner.flush_posts(batch);
         }
         if closed.is_empty() {
             return;
@@ -693,13 +702,13 @@ impl TargetPort {
                 stopping: false,
                 last_sweep: std::time::Instant::now(),
                 closed: Vec::new(),
-                posts: VecDeque::new(),
+                posts: Batch::default(),
                 spare_flags: Vec::new(),
                 reposts: Vec::new(),
                 recv_posted: 0,
                 recv_idle: (0..srq_len).rev().collect(),
                 flushing: false,
-                flush_bufs: FlushBufs::default(),
+                flush_bufs: Batch::default(),
             }),
             lun_stats: Mutex::new(LunTable::default()),
             events: Mutex::new(tx),
