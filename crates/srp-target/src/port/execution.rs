@@ -354,7 +354,8 @@ impl Inner {
             .entry((lun.value(), Arc::as_ptr(dev) as usize))
             .or_insert_with(|| (Arc::downgrade(dev), LunCounters::default()));
         // A new device at the address of one that is gone starts afresh.
-        if !std::sync::Weak::ptr_eq(&slot.0, &Arc::downgrade(dev)) || slot.0.strong_count() == 0 {
+        // Compared by address: no weak reference made per command.
+        if slot.0.as_ptr() != Arc::as_ptr(dev) || slot.0.strong_count() == 0 {
             *slot = (Arc::downgrade(dev), LunCounters::default());
         }
         f(&mut slot.1);
