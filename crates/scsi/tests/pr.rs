@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::l0;
+use common::{l0, pr_out};
 
 use scsi::*;
 use std::sync::Arc;
@@ -21,14 +21,6 @@ fn setup() -> (Target, [Nexus; 3]) {
         t.execute(n, l0(), &[0; 6], &[], 0);
     }
     (t, ns)
-}
-
-fn pr_out(t: &Target, n: &Nexus, sa: u8, ty: u8, key: u64, sa_key: u64) -> Status {
-    let mut p = key.to_be_bytes().to_vec();
-    p.extend_from_slice(&sa_key.to_be_bytes());
-    p.extend_from_slice(&[0; 8]);
-    t.execute(n, l0(), &[0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0], &p, 24)
-        .status
 }
 
 fn read(t: &Target, n: &Nexus) -> Status {

@@ -365,16 +365,6 @@ fn an_inline_check_condition_with_naca_establishes_aca() {
     assert_eq!(r.status, Status::AcaActive);
 }
 
-/// PERSISTENT RESERVE OUT from `n`: service action `sa`, type `ty`,
-/// reservation key `key`, service action key `sa_key`.
-fn pr_out(t: &Target, n: &Nexus, sa: u8, ty: u8, key: u64, sa_key: u64) -> Status {
-    let mut p = key.to_be_bytes().to_vec();
-    p.extend_from_slice(&sa_key.to_be_bytes());
-    p.extend_from_slice(&[0; 8]);
-    t.execute(n, l0(), &[0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0], &p, 24)
-        .status
-}
-
 /// A READ or WRITE through a route meets a reservation taken after the
 /// route was made, and runs again once it is released: the route's plain
 /// path checks reservations without the lock only while there are none.

@@ -151,3 +151,13 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// PERSISTENT RESERVE OUT on LUN 0 from `n`: service action `sa`, type
+/// `ty`, reservation key `key`, service action key `sa_key`.
+pub fn pr_out(t: &Target, n: &Nexus, sa: u8, ty: u8, key: u64, sa_key: u64) -> Status {
+    let mut p = key.to_be_bytes().to_vec();
+    p.extend_from_slice(&sa_key.to_be_bytes());
+    p.extend_from_slice(&[0; 8]);
+    t.execute(n, l0(), &[0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0], &p, 24)
+        .status
+}
