@@ -889,6 +889,9 @@ fn the_readme_runs_as_written() {
             path.display()
         );
     }
+    // One that the tools of a test run just before started leaves 200 ms
+    // after them.
+    nicd_gone("the tests before this one ended (the README's commands use that default socket)");
     assert!(
         std::os::unix::net::UnixStream::connect(nicd_socket()).is_err(),
         "a NIC daemon serves at {} already; the README's commands use that default socket",
@@ -962,7 +965,7 @@ fn the_readme_runs_as_written() {
             stop_all(&mut bg);
             stop_all(&mut under);
             needs.clear();
-            nicd_gone();
+            nicd_gone("its block's tools ended");
         }
     }
     assert!(ran > 30, "ran only {ran} commands");
@@ -982,7 +985,7 @@ fn nicd_socket() -> PathBuf {
 /// next block's NICs of their own find their addresses free. Its socket
 /// goes with it; watched without connecting, since a connection is a
 /// client.
-fn nicd_gone() {
+fn nicd_gone(after: &str) {
     let sock = nicd_socket();
     let start = std::time::Instant::now();
     let mut tried = start;
@@ -990,7 +993,7 @@ fn nicd_gone() {
         let now = std::time::Instant::now();
         assert!(
             now < start + std::time::Duration::from_secs(20),
-            "the NIC daemon at {} is still there 20 s after its block's tools ended",
+            "the NIC daemon at {} is still there 20 s after {after}",
             sock.display()
         );
         // Once a second: a socket nothing listens on is one a daemon
