@@ -45,8 +45,18 @@ ensure_host_tools() {
   log "installing host tools: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   timeout 900 apt-get update -q >/dev/null || die "apt-get update failed"
+  # A qemu-img newer than the distribution's (a backport, as some machines
+  # come with) is removed by apt to make room for the distribution's
+  # qemu-system-x86: the tests that make disk images need it back.
+  local had_qemu_img=
+  command -v qemu-img >/dev/null 2>&1 && had_qemu_img=1
   timeout 1800 apt-get install -y -q --no-install-recommends \
     $(printf '%s\n' "${need[@]}" | sort -u) >/dev/null || die "apt-get install failed"
+  if [ -n "$had_qemu_img" ] && ! command -v qemu-img >/dev/null 2>&1; then
+    log "apt removed qemu-utils for qemu-system-x86; installing the matching qemu-utils"
+    timeout 900 apt-get install -y -q --no-install-recommends qemu-utils >/dev/null ||
+      die "apt-get install qemu-utils failed (qemu-img is gone: apt-get install qemu-utils)"
+  fi
 }
 
 # Prints "package version" lines for everything the image is built from.
