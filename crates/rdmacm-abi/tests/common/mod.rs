@@ -54,13 +54,15 @@ pub fn connect_when_listening(
     secs: u64,
 ) -> std::process::Output {
     let deadline = Instant::now() + Duration::from_secs(30);
-    for _ in 0..100 {
+    for attempt in 1..=100 {
         let out = finish(spawn(&mut client()), secs);
         let all = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        // Shown when the test fails: which attempts were refused, and how.
+        eprintln!("client attempt {attempt} ({}): {all}", out.status);
         if !all.contains(refused) || Instant::now() > deadline {
             return out;
         }
