@@ -160,10 +160,13 @@ pub fn cdb_len_of(op: u8) -> Option<usize> {
 
 /// Whether `cdb` reads the medium (`In`: READ(6/10/12/16/32)) or writes
 /// it (`Out`: WRITE(6/10/12/16/32), WRITE AND VERIFY(10/16)), by its
-/// operation code (and a 32-byte
-/// CDB's service action) alone: what [`Command::parse`] would make a
-/// `Read` or `Write` of, when it accepts the rest of the CDB. For a
-/// transport's counters, which count only commands that ended GOOD.
+/// operation code (and a 32-byte CDB's service action) alone: what
+/// [`Command::parse`] would make a `Read` or `Write` of, when it accepts
+/// the rest of the CDB. For a transport's counters, which count only
+/// commands that ended GOOD: on an emulated unit those are the ones the
+/// parser accepted; a unit that passes its commands on (or the virtual
+/// CD-ROM, which ignores byte 1) may end GOOD a READ or WRITE the parser
+/// refuses (protection fields set), and such a command counts too.
 pub fn medium_direction(cdb: &[u8]) -> Option<DataDir> {
     match Opcode::from(*cdb.first()?) {
         Opcode::Read6 | Opcode::Read10 | Opcode::Read12 | Opcode::Read16 => Some(DataDir::In),

@@ -1103,7 +1103,6 @@ impl Device {
         Ok(d)
     }
 
-    /// Writes (APTPL set) or removes (APTPL clear) the PR state file.
     /// SPC-4 5.9.1: whether `cmd` from `n` conflicts with a persistent
     /// reservation ([`crate::pr::PrState::conflicts`]).
     #[inline]
@@ -1137,6 +1136,7 @@ impl Device {
         out
     }
 
+    /// Writes (APTPL set) or removes (APTPL clear) the PR state file.
     pub(crate) fn persist_pr(&self, st: &crate::pr::PrState) -> std::io::Result<()> {
         let Some(path) = &self.config.pr_file else {
             return Ok(());
