@@ -481,6 +481,10 @@ impl Channel {
         let mut ext = None;
         let (data_out, data_in) = match &cmd.data {
             Data::None => (DataDesc::None, DataDesc::None),
+            // Most commands: one segment, described in the IU as it is
+            // (what `describe` does too, without its call).
+            Data::In([seg]) => (DataDesc::None, DataDesc::Direct(*seg)),
+            Data::Out([seg]) => (DataDesc::Direct(*seg), DataDesc::None),
             Data::In(segs) => (
                 DataDesc::None,
                 self.describe(neg, segs, cmd.desc_table, &mut list, &mut ext)?,
