@@ -834,7 +834,11 @@ impl Channel {
             .and_then(|slot| self.slots[slot as usize].ctx.as_ref())
             .filter(|c| !c.done && !c.timed_out)
             .map(|c| c.deadline);
-        cmd.into_iter().chain(self.tmf.map(|t| t.deadline)).min()
+        // Asked at every command's start: a match, not an iterator chain.
+        match (cmd, self.tmf) {
+            (Some(c), Some(t)) => Some(c.min(t.deadline)),
+            (c, t) => c.or(t.map(|t| t.deadline)),
+        }
     }
 
     /// Run the timers that are due at `now`.
