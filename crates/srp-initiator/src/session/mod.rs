@@ -795,7 +795,13 @@ impl Session {
         // descriptor table (in the pool too, which the target fetches by
         // RDMA READ). Data and table pages are taken together, so callers
         // waiting for pages never hold half of what they need.
-        let seg_count = pages.div_ceil(inner.seg_pages(pages).max(1));
+        let seg_count = if inner.max_segment == 0 {
+            // Unsplit buffers (most sessions): one segment, none when
+            // empty, without the division.
+            usize::from(pages > 0)
+        } else {
+            pages.div_ceil(inner.seg_pages(pages).max(1))
+        };
         if seg_count > inner.max_descriptors() {
             return Err(SessionError::TooManySegments {
                 len,

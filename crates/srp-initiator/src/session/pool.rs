@@ -42,6 +42,14 @@ impl Inner {
         if pages == 0 {
             return Some(Runs::new());
         }
+        if self.max_segment == 0 {
+            // Unsplit: one run, without the loop.
+            let start = st.pages.find_free(0, pages)?;
+            st.pages.set(start, pages, true);
+            let mut runs = Runs::new();
+            runs.push((start, pages));
+            return Some(runs);
+        }
         let seg_pages = self.seg_pages(pages);
         let mut runs = Runs::new();
         let mut left = pages;
