@@ -780,15 +780,24 @@ impl Channel {
                 None
             }
         };
-        let c = Completion {
+        // `finish`, inline for the answer nearly every command gets: the
+        // completion is built where it is queued, not passed to a call.
+        let Some(ctx) = self.slots[slot as usize].ctx.as_mut() else {
+            return;
+        };
+        ctx.done = true;
+        let free = ctx.send.is_none();
+        self.completions.push_back(Completion {
             tag: r.tag,
             status: Status::Scsi(r.status),
             sense: r.sense_data.map(<[u8]>::to_vec).unwrap_or_default(),
             response_code: r.response_code(),
             data_in_residual: resid(RspFlags::DIUNDER, RspFlags::DIOVER, r.data_in_res_cnt),
             data_out_residual: resid(RspFlags::DOUNDER, RspFlags::DOOVER, r.data_out_res_cnt),
-        };
-        self.finish(slot, c);
+        });
+        if free {
+            self.free_slot(slot);
+        }
     }
 
     fn tmf_response(&mut self, now: Instant, r: &Rsp<'_>) {
