@@ -187,3 +187,84 @@ fn apm_migrates_on_remote_port_down() {
         .unwrap();
     assert_eq!(a2.wc().status, WcStatus::RetryExcErr);
 }
+
+/// A connected QP finds its peer once and reuses it while nothing that
+/// decides the path changes: the next WR after such a change must see
+/// it. Here the peer's port goes down, and (on a second pair) the peer
+/// QP is destroyed and a new QP in its slot is connected back to the
+/// requester; a WR sent before each change warms the path.
+#[test]
+fn path_changes_reach_the_next_wr() {
+    use rdma_types::{AccessFlags, Mtu};
+    use rdma_types::{Psn, QpState, QpType, WcStatus};
+    use verbs::conformance::{connect, rc_pair, Node};
+    use verbs::{QpAttr, RecvWr, SendOpcode, SendWr};
+    let f = Loop::new();
+    let (g1, g2) = f.guids();
+    let recv = |n: &Node, q, id| {
+        n.p.post_recv(
+            q,
+            &[RecvWr {
+                wr_id: id,
+                sges: verbs::sges![n.sge(0, 64)],
+            }],
+        )
+        .unwrap();
+    };
+    let send = |n: &Node, q, id| {
+        n.p.post_send(q, &[SendWr::new(id, SendOpcode::Send, vec![n.sge(0, 8)])])
+            .unwrap();
+    };
+
+    // The peer's port goes down.
+    let (a, qa, b, qb) = rc_pair(&f);
+    recv(&b, qb, 1);
+    recv(&b, qb, 2);
+    send(&a, qa, 1);
+    assert_eq!(a.wc().status, WcStatus::Success);
+    assert_eq!(b.wc().wr_id, 1);
+    f.set_port_active(g2, false).unwrap();
+    send(&a, qa, 2);
+    assert_eq!(a.wc().status, WcStatus::RetryExcErr);
+    b.no_wc();
+    f.set_port_active(g2, true).unwrap();
+
+    // The peer QP is replaced by one that takes its slot and is
+    // connected to the requester, under another QPN.
+    let (a, b) = (Node::open(&f, g1, 64), Node::open(&f, g2, 64));
+    let (qa, qb) = (a.qp(QpType::Rc, None, 11), b.qp(QpType::Rc, None, 21));
+    connect(&a, qa, &b, qb, QpType::Rc, 0);
+    recv(&b, qb, 3);
+    send(&a, qa, 3);
+    assert_eq!(a.wc().status, WcStatus::Success);
+    assert_eq!(b.wc().wr_id, 3);
+    let old = b.p.qp_num(qb).unwrap();
+    b.p.destroy_qp(qb).unwrap();
+    let qn = b.qp(QpType::Rc, None, 22);
+    assert_ne!(b.p.qp_num(qn).unwrap(), old);
+    for attr in [
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(PortNum(1)),
+            access: Some(AccessFlags::REMOTE_WRITE),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(a.av()),
+            path_mtu: Some(Mtu::Mtu1024),
+            dest_qpn: Some(a.p.qp_num(qa).unwrap()),
+            rq_psn: Some(Psn::new(0)),
+            max_dest_rd_atomic: Some(4),
+            min_rnr_timer: Some(1),
+            ..Default::default()
+        },
+    ] {
+        b.p.modify_qp(qn, &attr).unwrap();
+    }
+    recv(&b, qn, 4);
+    send(&a, qa, 4);
+    assert_eq!(a.wc().status, WcStatus::RetryExcErr);
+    b.no_wc();
+}

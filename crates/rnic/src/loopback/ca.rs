@@ -29,6 +29,7 @@ impl Fabric {
                 pkeys: p.pkeys.clone(),
             })
             .collect();
+        st.paths_changed();
         st.devices.push(Device {
             guid: cfg.guid,
             ports,
@@ -51,6 +52,7 @@ impl Fabric {
                 .position(|d| d.guid == guid && !d.removed)
                 .ok_or(VerbsError::NoSuchCa)?;
             st.devices[d].removed = true;
+            st.paths_changed();
             for ca in st.devices[d].opens.clone() {
                 let ctx = match st.obj(ca) {
                     Obj::Ca { ctx, .. } => *ctx,

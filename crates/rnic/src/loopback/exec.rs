@@ -227,7 +227,6 @@ impl State {
             self.migrate_if_failed(qi, out);
             q = self.qpr(qi);
         }
-        let port = self.qp_port(q);
         // A message no responder takes: an RC requester's retries run
         // out, a UC or UD message is lost.
         let lost = || {
@@ -237,22 +236,37 @@ impl State {
                 Ok(len as u32)
             })
         };
-        if !self.port_active(dev, port) {
-            return lost();
-        }
-        if qt.is_datagram() {
-            return Exec::Done(self.ud_send(qi, wr, len, out));
-        }
-        // Connected: find the peer.
-        let (Some(av), Some(dq), mig) = (&q.attr.av, q.attr.dest_qpn, q.mig) else {
-            return Exec::Done(Err(WcStatus::RetryExcErr));
-        };
-        let Some((pi, at)) = self
-            .device_of_port(av)
-            .filter(|(d, p)| self.port_active(*d, *p))
-            .and_then(|(d, p)| Some((self.devices[d].qpns.get(&dq.value()).copied()?, p)))
-        else {
-            return lost();
+        let (port, pi, at, dq, mig) = match q.peer {
+            // Nothing that decides the path changed since it was found.
+            Some(c) if c.epoch == self.paths => (c.port, c.slot, c.at, c.dqpn, q.mig),
+            _ => {
+                let port = self.qp_port(q);
+                if !self.port_active(dev, port) {
+                    return lost();
+                }
+                if qt.is_datagram() {
+                    return Exec::Done(self.ud_send(qi, wr, len, out));
+                }
+                // Connected: find the peer.
+                let (Some(av), Some(dq), mig) = (&q.attr.av, q.attr.dest_qpn, q.mig) else {
+                    return Exec::Done(Err(WcStatus::RetryExcErr));
+                };
+                let Some((pi, at)) = self
+                    .device_of_port(av)
+                    .filter(|(d, p)| self.port_active(*d, *p))
+                    .and_then(|(d, p)| Some((self.devices[d].qpns.get(&dq.value()).copied()?, p)))
+                else {
+                    return lost();
+                };
+                self.qp(qi).peer = Some(Peer {
+                    epoch: self.paths,
+                    port,
+                    slot: pi,
+                    at,
+                    dqpn: dq,
+                });
+                (port, pi, at, dq, mig)
+            }
         };
         let p = self.qpr(pi);
         if !matches!(

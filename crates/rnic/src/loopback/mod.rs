@@ -27,7 +27,7 @@ mod qp;
 mod srq;
 
 use exec::wc_opcode;
-use objects::{Cb, Device, Obj, Qp, State};
+use objects::{Cb, Device, Obj, Peer, Qp, State};
 
 /// Size of the GRH placed before UD payloads in receive buffers (IBA 8.3).
 pub const GRH_LEN: usize = 40;

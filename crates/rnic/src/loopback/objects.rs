@@ -32,6 +32,21 @@ pub(super) struct Qp {
     pub(super) established: bool,
     /// Path migration state (the alternate path is `attr.alt_path`).
     pub(super) mig: MigState,
+    /// Where the path last led (connected QPs), valid while
+    /// `State::paths` is unchanged.
+    pub(super) peer: Option<Peer>,
+}
+
+/// A connected QP's resolved path (its port, the peer's slot and port,
+/// the peer's QPN), as `transfer` found it when `State::paths` was
+/// `epoch`. Only connected QPs set it.
+#[derive(Clone, Copy)]
+pub(super) struct Peer {
+    pub(super) epoch: u64,
+    pub(super) port: PortNum,
+    pub(super) slot: usize,
+    pub(super) at: PortNum,
+    pub(super) dqpn: Qpn,
 }
 
 pub(super) enum Obj {
@@ -102,9 +117,18 @@ pub(super) struct State {
     /// the posts that call it (every receive) skip its scan of every
     /// object when nothing waits.
     pub(super) backlog: bool,
+    /// Bumped by every change that may change where a path leads or
+    /// whether it is up (ports, CAs, QPs created, modified, destroyed or
+    /// migrated): a QP's cached `peer` from another count is stale.
+    pub(super) paths: u64,
 }
 
 impl State {
+    /// Invalidates every QP's cached peer.
+    pub(super) fn paths_changed(&mut self) {
+        self.paths += 1;
+    }
+
     pub(super) fn alloc(&mut self, obj: Obj) -> Handle {
         self.objs.alloc(obj)
     }

@@ -12,6 +12,7 @@ impl Fabric {
         f: impl FnOnce(&mut PortAttr) -> Option<AsyncEventKind>,
     ) -> Result<(), VerbsError> {
         self.with(|st, out| {
+            st.paths_changed();
             let d = st
                 .devices
                 .iter()
@@ -194,6 +195,7 @@ impl State {
     /// Makes the alternate path of `qi` its primary path (IBA 17.2.8): the
     /// QP is `Migrated` with no alternate, and its owner gets PathMigrated.
     pub(super) fn migrate(&mut self, qi: usize, out: &mut Vec<Cb>) {
+        self.paths_changed();
         let q = self.qp(qi);
         let Some(alt) = q.attr.alt_path.take() else {
             return;

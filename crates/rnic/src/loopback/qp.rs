@@ -73,7 +73,9 @@ impl Fabric {
             ctx,
             established: false,
             mig: MigState::Migrated,
+            peer: None,
         };
+        st.paths_changed();
         st.adjust_children(p, 1);
         st.adjust_children(scq, 1);
         st.adjust_children(rcq, 1);
@@ -93,6 +95,7 @@ impl Fabric {
     pub(super) fn modify_qp(&self, qp: QpHandle, attr: &QpAttr) -> verbs::Result<()> {
         self.with(|st, out| {
             let i = st.qp_idx(qp)?;
+            st.paths_changed();
             let q = st.qpr(i);
             let to = qp_table::check(q.init.qp_type, q.state, attr)?;
             let dev = &st.devices[q.dev];
@@ -195,6 +198,7 @@ impl Fabric {
             let (dev, pd, scq, rcq, srq, ca, ctx) =
                 (q.dev, q.pd, q.send_cq, q.recv_cq, q.srq, q.ca, q.ctx);
             st.devices[dev].qpns.remove(&key);
+            st.paths_changed();
             for p in [pd, scq, rcq].into_iter().chain(srq) {
                 st.adjust_children(p, -1);
             }
