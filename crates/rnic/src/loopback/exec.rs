@@ -13,6 +13,8 @@ struct Sender {
     pd: usize,
     qpn: u32,
     qt: QpType,
+    mig: MigState,
+    peer: Option<Peer>,
 }
 
 /// Gathers/scatters: checks every SGE with `needs`, appending the targets
@@ -112,6 +114,8 @@ impl State {
             pd: q.pd,
             qpn: q.qpn,
             qt: q.init.qp_type,
+            mig: q.mig,
+            peer: q.peer,
         };
         let status = match self.execute(s, wr, out) {
             Exec::Rnr if rnr_retry == 0 => Err(WcStatus::RnrRetryExcErr),
@@ -222,11 +226,6 @@ impl State {
         let Sender {
             qi, dev, qpn, qt, ..
         } = s;
-        let mut q = self.qpr(qi);
-        if !qt.is_datagram() && q.mig == MigState::Armed {
-            self.migrate_if_failed(qi, out);
-            q = self.qpr(qi);
-        }
         // A message no responder takes: an RC requester's retries run
         // out, a UC or UD message is lost.
         let lost = || {
@@ -236,10 +235,18 @@ impl State {
                 Ok(len as u32)
             })
         };
-        let (port, pi, at, dq, mig) = match q.peer {
-            // Nothing that decides the path changed since it was found.
-            Some(c) if c.epoch == self.paths => (c.port, c.slot, c.at, c.dqpn, q.mig),
+        let (port, pi, at, dq, mig) = match s.peer {
+            // Nothing that decides the path changed since it was found
+            // (an armed QP may migrate first, which changes the count).
+            Some(c) if c.epoch == self.paths && s.mig != MigState::Armed => {
+                (c.port, c.slot, c.at, c.dqpn, s.mig)
+            }
             _ => {
+                let mut q = self.qpr(qi);
+                if !qt.is_datagram() && q.mig == MigState::Armed {
+                    self.migrate_if_failed(qi, out);
+                    q = self.qpr(qi);
+                }
                 let port = self.qp_port(q);
                 if !self.port_active(dev, port) {
                     return lost();
