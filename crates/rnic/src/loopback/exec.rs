@@ -278,10 +278,14 @@ impl State {
             }
         };
         let p = self.qpr(pi);
-        if !matches!(
-            p.state,
-            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-        ) || p.attr.dest_qpn.map(|x| x.value()) != Some(qpn)
+        // The slot still holds the QP the path named (a cached peer whose
+        // QP was replaced would fail here even if a change were missed).
+        if p.qpn != dq.value()
+            || !matches!(
+                p.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            )
+            || p.attr.dest_qpn.map(|x| x.value()) != Some(qpn)
             || p.init.qp_type != qt
         {
             return lost();
