@@ -657,7 +657,9 @@ impl Channel {
     }
 
     /// Queue the completion of a command and free its slot if its send has
-    /// completed too.
+    /// completed too. Inlined (every answered command comes here): the
+    /// completion is then built where it is queued, not moved into a call.
+    #[inline(always)]
     fn finish(&mut self, slot: u32, c: Completion) {
         let Some(ctx) = self.slots[slot as usize].ctx.as_mut() else {
             return;
@@ -780,24 +782,17 @@ impl Channel {
                 None
             }
         };
-        // `finish`, inline for the answer nearly every command gets: the
-        // completion is built where it is queued, not passed to a call.
-        let Some(ctx) = self.slots[slot as usize].ctx.as_mut() else {
-            return;
-        };
-        ctx.done = true;
-        let free = ctx.send.is_none();
-        self.completions.push_back(Completion {
-            tag: r.tag,
-            status: Status::Scsi(r.status),
-            sense: r.sense_data.map(<[u8]>::to_vec).unwrap_or_default(),
-            response_code: r.response_code(),
-            data_in_residual: resid(RspFlags::DIUNDER, RspFlags::DIOVER, r.data_in_res_cnt),
-            data_out_residual: resid(RspFlags::DOUNDER, RspFlags::DOOVER, r.data_out_res_cnt),
-        });
-        if free {
-            self.free_slot(slot);
-        }
+        self.finish(
+            slot,
+            Completion {
+                tag: r.tag,
+                status: Status::Scsi(r.status),
+                sense: r.sense_data.map(<[u8]>::to_vec).unwrap_or_default(),
+                response_code: r.response_code(),
+                data_in_residual: resid(RspFlags::DIUNDER, RspFlags::DIOVER, r.data_in_res_cnt),
+                data_out_residual: resid(RspFlags::DOUNDER, RspFlags::DOOVER, r.data_out_res_cnt),
+            },
+        );
     }
 
     fn tmf_response(&mut self, now: Instant, r: &Rsp<'_>) {
